@@ -1,0 +1,3 @@
+from deltabus.cli import main
+
+main()

@@ -1,0 +1,296 @@
+"""`deltabus`: the command line of the engine (works without Dagster)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from deltabus.errors import ConfigError, DeltabusError
+from deltabus.lake import Lake
+from deltabus.logs import setup_logging
+from deltabus.settings import Settings, load_settings
+
+log = logging.getLogger("deltabus")
+
+app = typer.Typer(
+    help="Delta Lake tables on MinIO as a streaming backbone: produce, transform, export.\n\n"
+    "Settings come from DELTABUS_* environment variables and an optional .env file "
+    "(see README.md, Configuration).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+minio_app = typer.Typer(
+    help="A local MinIO server on loopback for development.", no_args_is_help=True
+)
+app.add_typer(minio_app, name="minio")
+
+
+class State:
+    env_file: Path | None = None
+    prefix: str | None = None
+    as_json: bool = False
+
+
+state = State()
+
+
+@app.callback()
+def _global(
+    env_file: Annotated[
+        Path | None,
+        typer.Option(help="Settings file (KEY=value lines); default ./.env if present."),
+    ] = None,
+    prefix: Annotated[
+        str | None, typer.Option(help="Lake prefix to use instead of DELTABUS_PREFIX.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print reports as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    setup_logging(verbose)
+    state.env_file, state.prefix, state.as_json = env_file, prefix, as_json
+
+
+def settings() -> Settings:
+    s = load_settings(state.env_file)
+    return s.with_prefix(state.prefix) if state.prefix else s
+
+
+def lake(check: bool = True) -> Lake:
+    lk = Lake(settings())
+    if check:
+        lk.check()
+    return lk
+
+
+def parse_instant_us(text: str) -> int:
+    """An ISO-8601 instant with a zone (Z or +hh:mm) as epoch microseconds."""
+    from datetime import datetime
+
+    try:
+        instant = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"--start-at {text!r} is not an ISO-8601 instant", "e.g. 2026-03-08T06:59:55Z"
+        ) from None
+    if instant.tzinfo is None:
+        raise ConfigError(f"--start-at {text!r} has no time zone", "add Z or +hh:mm")
+    return int(instant.timestamp() * 1_000_000)
+
+
+def emit(title: str, report: dict) -> None:
+    """Print a report as JSON or as an aligned key/value block on stdout."""
+    if state.as_json:
+        print(json.dumps(report, default=str))
+        return
+    print(title)
+    width = max(len(k) for k in report) if report else 0
+    for key, value in report.items():
+        print(f"  {key.ljust(width)}  {value}")
+
+
+@app.command("init-bucket")
+def init_bucket() -> None:
+    """Create the configured bucket on MinIO (no-op when it exists)."""
+    lk = lake(check=False)
+    created = lk.init_bucket()
+    lk.check()
+    s = lk.settings
+    print(f"bucket '{s.bucket}' {'created' if created else 'exists'} at {s.describe()}")
+
+
+@app.command("check")
+def check() -> None:
+    """Check that the lake is reachable with the configured credentials and bucket."""
+    lk = lake()
+    print(f"ok: {lk.settings.describe()}")
+
+
+@app.command()
+def produce(
+    rate: Annotated[float, typer.Option(help="Messages per second (open-loop schedule).")] = 10_000,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds to produce for (or give --count).")
+    ] = None,
+    count: Annotated[
+        int | None, typer.Option(help="Number of messages (or give --duration).")
+    ] = None,
+    commit_interval_ms: Annotated[
+        float, typer.Option(help="One commit per table per interval.")
+    ] = 100,
+    seed: Annotated[int, typer.Option(help="Seed for the table each message goes to.")] = 0,
+    start_at: Annotated[
+        str | None,
+        typer.Option(
+            help="Schedule from this ISO instant (e.g. 2026-03-08T06:59:55Z) instead of now; "
+            "past schedules are sent at once."
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(help="Run id; rerun with the same id to resume without duplicates."),
+    ] = None,
+) -> None:
+    """Write messages from New York and Paris into timezone1 and timezone2."""
+    from deltabus.producer import Producer, ProducerConfig
+
+    if duration is None and count is None:
+        duration = 10.0
+    extra = {"run_id": run_id} if run_id else {}
+    config = ProducerConfig(
+        rate=rate,
+        duration=duration,
+        count=count,
+        commit_interval=commit_interval_ms / 1000,
+        seed=seed,
+        start_us=parse_instant_us(start_at) if start_at else None,
+        **extra,
+    )
+    lk = lake()
+    log.info(
+        "producing %d messages at %.0f msg/s to %s (run %s)",
+        config.total,
+        config.rate,
+        lk.settings.describe(),
+        config.run_id,
+    )
+    report = Producer(lk, config).run(
+        on_progress=lambda p: log.info(
+            "produced %d/%d messages, %.3fs behind schedule", p["messages"], p["total"], p["lag_s"]
+        )
+    )
+    emit("producer report", report.as_dict())
+
+
+class EtlMode(StrEnum):
+    bounded = "bounded"
+    continuous = "continuous"
+
+
+@app.command()
+def etl(
+    mode: Annotated[
+        EtlMode,
+        typer.Option(
+            help="bounded: stop when the inputs are finished; continuous: run until stopped."
+        ),
+    ] = EtlMode.bounded,
+    commit_interval_ms: Annotated[
+        float, typer.Option(help="Commit the unified table this often.")
+    ] = 100,
+    poll_interval_ms: Annotated[
+        float, typer.Option(help="Poll the inputs for new versions this often.")
+    ] = 20,
+    producers: Annotated[
+        int, typer.Option(help="Bounded mode: finished producer runs to wait for per table.")
+    ] = 1,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Create this file once the dataflow is running.")
+    ] = None,
+) -> None:
+    """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
+    from deltabus.etl.pipeline import EtlConfig, run_etl
+    from deltabus.pipes import report_to_dagster
+
+    config = EtlConfig(
+        bounded=mode is EtlMode.bounded,
+        commit_interval=commit_interval_ms / 1000,
+        poll_interval=poll_interval_ms / 1000,
+        expected_producers=producers,
+    )
+    lk = lake()
+    report = run_etl(lk, config, ready_file=ready_file)
+    emit("ETL report", report.as_dict())
+    report_to_dagster(
+        {
+            "rows": report.rows,
+            "rejected_rows": report.rejected,
+            "delta_version": report.unified_version,
+            "commits": report.commits,
+            "elapsed_s": report.elapsed_s,
+            "throughput_rows_s": report.throughput_rows_s,
+        }
+    )
+
+
+@app.command()
+def results(
+    out: Annotated[Path, typer.Option(help="CSV file to write.")] = Path("results.csv"),
+) -> None:
+    """Export timezone_unified as CSV (timestamp,message,time,diff), ordered by time."""
+    from deltabus.results import export_results
+
+    rows = export_results(lake(), out)
+    print(f"wrote {rows} rows to {out}")
+
+
+@app.command()
+def demo(
+    rate: Annotated[float, typer.Option(help="Messages per second.")] = 10_000,
+    duration: Annotated[float, typer.Option(help="Seconds to produce for.")] = 10,
+    out: Annotated[Path, typer.Option(help="CSV file for the results.")] = Path("results.csv"),
+) -> None:
+    """Run the whole flow once, without Dagster: ETL process + producer + CSV export."""
+    from deltabus.demo import run_demo
+
+    emit("demo summary", run_demo(lake(), rate=rate, duration=duration, out=out))
+
+
+@minio_app.command("build")
+def minio_build() -> None:
+    """Build the pinned MinIO with `go install` into the cache (once)."""
+    from deltabus.local_minio import build_minio
+
+    print(build_minio())
+
+
+@minio_app.command("up")
+def minio_up(
+    data_dir: Annotated[Path, typer.Option(help="Where MinIO keeps its data.")] = Path(
+        ".deltabus/minio"
+    ),
+) -> None:
+    """Start a local MinIO for the configured endpoint (loopback only), with its bucket.
+
+    Creates .env with a random secret key when no secret is configured yet.
+    """
+    from deltabus.devserver import minio_up as up
+
+    print(up(state.env_file, data_dir))
+
+
+@minio_app.command("down")
+def minio_down(
+    data_dir: Annotated[Path, typer.Option(help="The data directory given to `up`.")] = Path(
+        ".deltabus/minio"
+    ),
+) -> None:
+    """Stop the local MinIO started by `deltabus minio up`."""
+    from deltabus.devserver import minio_down as down
+
+    print(down(data_dir))
+
+
+def main() -> None:
+    """Entry point: user-fixable problems print one clear message and exit with status 2."""
+    try:
+        app()
+    except DeltabusError as exc:
+        kind = "configuration error" if isinstance(exc, ConfigError) else "error"
+        print(f"deltabus: {kind}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("deltabus: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    main()

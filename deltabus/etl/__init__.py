@@ -1,0 +1,1 @@
+"""The streaming ETL: Delta tails in, Pathway transform, Delta sink out."""

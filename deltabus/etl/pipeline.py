@@ -1,0 +1,168 @@
+"""The Pathway program: tail both input tables, parse `date`, write the unified table.
+
+Run it in its own process (`deltabus etl`); it never runs inside Dagster's process.
+On start it resumes from the input positions recorded in the unified table's log, so a
+killed ETL restarted with the same lake produces every message exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pathway as pw
+
+from deltabus.errors import ConfigError
+from deltabus.etl.rejects import RejectsWriter
+from deltabus.etl.sink import ETL_APP_ID, DeltaSinkObserver
+from deltabus.etl.source import BatchSchema, DeltaTailSubject
+from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.retry import retry_storage
+from deltabus.tables import UNIFIED_SCHEMA, ensure_table, find_commit, meta
+
+log = logging.getLogger(__name__)
+
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
+
+
+@dataclass(frozen=True)
+class EtlConfig:
+    bounded: bool = True
+    commit_interval: float = 0.1
+    poll_interval: float = 0.02
+    expected_producers: int = 1
+    autocommit_ms: int = 10
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.001 <= self.commit_interval <= 60:
+            raise ConfigError(f"commit interval must be 0.001..60 s, got {self.commit_interval}")
+        if not 0.001 <= self.poll_interval <= 60:
+            raise ConfigError(f"poll interval must be 0.001..60 s, got {self.poll_interval}")
+        if self.expected_producers < 1:
+            raise ConfigError("expected producers must be at least 1")
+
+
+@dataclass
+class EtlReport:
+    rows: int
+    rejected: int
+    commits: int
+    unified_version: int
+    elapsed_s: float
+    throughput_rows_s: float
+    positions: dict[str, int]
+    resumed_from: dict[str, int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def recorded_positions(lake: Lake) -> tuple[dict[str, int], int]:
+    """Input positions and next sink sequence from the unified table's log."""
+    if not lake.exists(UNIFIED_TABLE):
+        return dict.fromkeys(INPUT_TABLES, -1), 0
+    dt = lake.open(UNIFIED_TABLE)
+    seq = dt.transaction_version(ETL_APP_ID)
+    if seq is None:
+        return dict.fromkeys(INPUT_TABLES, -1), 0
+    info = find_commit(dt, lambda c: meta(c, "etl.positions") is not None, limit=1000)
+    positions = dict.fromkeys(INPUT_TABLES, -1)
+    if info is not None:
+        positions.update({k: int(v) for k, v in meta(info, "etl.positions").items()})
+    return positions, seq + 1
+
+
+def unified_expression(batches: pw.Table) -> pw.Table:
+    """Flatten version batches into rows and parse `date` into epoch milliseconds (UTC)."""
+    rows = batches.flatten(pw.this.rows)
+    return rows.select(
+        timestamp=pw.this.rows[0].dt.strptime(DATE_FORMAT).dt.timestamp(unit="ms"),
+        message=pw.this.rows[1],
+        source=pw.this.source,
+        version=pw.this.version,
+    )
+
+
+def run_etl(
+    lake: Lake,
+    config: EtlConfig,
+    stop: threading.Event | None = None,
+    ready_file: Path | None = None,
+) -> EtlReport:
+    """Run the ETL until both inputs finish (bounded) or until `stop` / SIGTERM (continuous).
+
+    `ready_file` is created once the dataflow runs, so a launcher can wait for it.
+    """
+    stop = stop or threading.Event()
+
+    def mark_ready() -> None:
+        if ready_file is not None:
+            Path(ready_file).touch()
+
+    positions, seq = retry_storage(lambda: recorded_positions(lake), what="read ETL positions")
+    unified = retry_storage(
+        lambda: ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA), what="open timezone_unified"
+    )
+    log.info(
+        "ETL (%s) on %s: resuming after input versions %s",
+        "bounded" if config.bounded else "continuous",
+        lake.settings.describe(),
+        positions,
+    )
+    rejects = RejectsWriter(lake)
+    subjects = [
+        DeltaTailSubject(
+            lake,
+            table,
+            positions[table] + 1,
+            bounded=config.bounded,
+            expected_producers=config.expected_producers,
+            poll_interval=config.poll_interval,
+            stop=stop,
+            rejects=rejects,
+            on_start=mark_ready,
+        )
+        for table in INPUT_TABLES
+    ]
+    streams = [
+        pw.io.python.read(
+            subject,
+            schema=BatchSchema,
+            autocommit_duration_ms=config.autocommit_ms,
+            name=f"delta_{subject.table}",
+        )
+        for subject in subjects
+    ]
+    unified_rows = unified_expression(pw.Table.concat_reindex(*streams))
+    sink = DeltaSinkObserver(unified, positions, config.commit_interval, seq)
+    pw.io.python.write(unified_rows, sink, name="delta_timezone_unified")
+
+    def request_stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping after the current batch", signum)
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    started = time.monotonic()
+    try:
+        pw.run(monitoring_level=pw.MonitoringLevel.NONE)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    elapsed = time.monotonic() - started
+    return EtlReport(
+        rows=sink.stats.rows,
+        rejected=sum(s.stats.rejected for s in subjects),
+        commits=sink.stats.commits,
+        unified_version=sink.stats.version,
+        elapsed_s=round(elapsed, 3),
+        throughput_rows_s=round(sink.stats.rows / elapsed, 1) if elapsed else 0.0,
+        positions=sink.positions,
+        resumed_from=positions,
+    )

@@ -1,0 +1,262 @@
+"""The producer: timestamped messages from two time zones, on an open-loop schedule.
+
+Message i is due at start + i/rate whatever happened before; its `date` is that scheduled
+time, so a slow producer shows up as latency, as it would for a user. Every commit
+interval the messages that have come due are written as one Arrow batch per table.
+Each commit carries an idempotency marker (app transaction `deltabus-producer:<run id>`)
+and the next message index, so a restarted producer with the same run id never writes a
+message twice and continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from deltabus.errors import ConfigError
+from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
+from deltabus.retry import retry_storage
+from deltabus.tables import INPUT_SCHEMA, ensure_table, find_commit, meta, metadata
+
+log = logging.getLogger(__name__)
+
+DATE_FORMAT_POLARS = "%Y-%m-%d %H:%M:%S%.6f %z"  # == %Y-%m-%d %H:%M:%S.%f %z in Python
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """What to produce. Exactly one of `duration` (seconds) and `count` bounds the run."""
+
+    rate: float
+    duration: float | None = None
+    count: int | None = None
+    commit_interval: float = 0.1
+    seed: int = 0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    start_us: int | None = None  # schedule origin (epoch µs); default: when the run starts
+
+    def __post_init__(self) -> None:
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ConfigError(f"rate must be a positive number of msg/s, got {self.rate}")
+        if (self.duration is None) == (self.count is None):
+            raise ConfigError("give exactly one of duration and count")
+        if self.duration is not None and not self.duration > 0:
+            raise ConfigError(f"duration must be positive seconds, got {self.duration}")
+        if self.count is not None and self.count < 0:
+            raise ConfigError(f"count must be >= 0, got {self.count}")
+        if not 0.001 <= self.commit_interval <= 60:
+            raise ConfigError(
+                f"commit interval must be between 0.001 and 60 s, got {self.commit_interval}"
+            )
+        if not self.run_id or any(c in self.run_id for c in "/: "):
+            raise ConfigError(f"run id must be a non-empty word, got {self.run_id!r}")
+
+    @property
+    def total(self) -> int:
+        if self.count is not None:
+            return self.count
+        return int(round(self.duration * self.rate))  # type: ignore[operator]
+
+    @property
+    def app_id(self) -> str:
+        return f"deltabus-producer:{self.run_id}"
+
+
+@dataclass
+class ProducerReport:
+    """What the producer achieved."""
+
+    run_id: str
+    messages: int
+    per_table: dict[str, int]
+    commits: int
+    elapsed_s: float
+    achieved_rate: float
+    target_rate: float
+    max_lag_s: float
+    final_lag_s: float
+    resumed_from: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def table_choice(seed: int, index: np.ndarray) -> np.ndarray:
+    """0 or 1 per message: a seeded hash of the index, independent of how rows are batched."""
+    with np.errstate(over="ignore"):
+        z = index.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) & (2**64 - 1))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(1)).astype(np.int8)
+
+
+def build_batches(
+    run_id: str,
+    seed: int,
+    start_us: int,
+    rate: float,
+    lo: int,
+    hi: int,
+    skip_below: dict[str, int] | None = None,
+) -> dict[str, pa.Table]:
+    """Messages [lo, hi) as one Arrow table per timezone table (vectorised, no row loop).
+
+    `skip_below[table]` drops that table's messages with a smaller index: they were
+    committed before a restart.
+    """
+    index = np.arange(lo, hi, dtype=np.int64)
+    due_us = start_us + np.round(index * (1_000_000.0 / rate)).astype(np.int64)
+    choice = table_choice(seed, index)
+    frame = pl.DataFrame({"i": index, "due": due_us, "choice": choice}).with_columns(
+        pl.col("due").cast(pl.Datetime("us", "UTC")),
+        message=pl.lit(f"{run_id}-") + pl.col("i").cast(pl.String),
+    )
+    out = {}
+    for n, table in enumerate(INPUT_TABLES):
+        floor = (skip_below or {}).get(table, 0)
+        part = frame.filter((pl.col("choice") == n) & (pl.col("i") >= floor)).select(
+            date=pl.col("due")
+            .dt.convert_time_zone(TABLE_ZONES[table])
+            .dt.strftime(DATE_FORMAT_POLARS),
+            message=pl.col("message"),
+        )
+        out[table] = part.to_arrow().cast(INPUT_SCHEMA)
+    return out
+
+
+class Producer:
+    """Writes the two input tables for one run id."""
+
+    def __init__(self, lake: Lake, config: ProducerConfig) -> None:
+        self.lake = lake
+        self.config = config
+        self.tables: dict[str, DeltaTable] = {}
+        self.pool = ThreadPoolExecutor(max_workers=len(INPUT_TABLES))
+
+    def _resume_state(self) -> tuple[dict[str, int], dict[str, int], int | None]:
+        """Per table: next message index and next commit sequence; the run's start time."""
+        next_index, next_seq, start_us = {}, {}, None
+        for name, dt in self.tables.items():
+            seq = dt.transaction_version(self.config.app_id)
+            if seq is None:
+                next_index[name], next_seq[name] = 0, 0
+                continue
+            info = find_commit(
+                dt, lambda c: meta(c, "producer.run_id") == self.config.run_id, limit=500
+            )
+            if info is None:  # marker without metadata: cannot happen for our commits
+                raise ConfigError(f"table {name} has run {self.config.run_id} but no metadata")
+            next_index[name] = int(meta(info, "producer.next_index"))
+            next_seq[name] = seq + 1
+            start_us = int(meta(info, "producer.start_us"))
+        return next_index, next_seq, start_us
+
+    def _commit(self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool):
+        dt = self.tables[name]
+        props = CommitProperties(
+            custom_metadata=metadata(
+                **{
+                    "producer.run_id": self.config.run_id,
+                    "producer.seq": seq,
+                    "producer.next_index": hi,
+                    "producer.start_us": start_us,
+                    "producer.rate": self.config.rate,
+                    "producer.finished": last,
+                    "producer.total": self.config.total,
+                }
+            ),
+            app_transactions=[Transaction(self.config.app_id, seq)],
+        )
+
+        def write() -> None:
+            # A retried commit that did land the first time must not land twice.
+            dt.update_incremental()
+            done = dt.transaction_version(self.config.app_id)
+            if done is not None and done >= seq:
+                return
+            write_deltalake(dt, batch, mode="append", commit_properties=props)
+
+        retry_storage(write, what=f"commit to {name}")
+
+    def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:
+        cfg = self.config
+        for name in INPUT_TABLES:
+            self.tables[name] = retry_storage(
+                lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"
+            )
+        next_index, next_seq, start_us = self._resume_state()
+        resumed_from = min(next_index.values())
+        finished = all(i >= cfg.total for i in next_index.values()) and resumed_from > 0
+        wall_start = time.time()
+        if start_us is None:
+            start_us = cfg.start_us or int(wall_start * 1_000_000)
+        start = start_us / 1_000_000
+        if resumed_from:
+            log.info("run %s resumes at message %d of %d", cfg.run_id, resumed_from, cfg.total)
+        lo = resumed_from
+        commits, written = 0, dict.fromkeys(INPUT_TABLES, 0)
+        max_lag = final_lag = 0.0
+        last_progress = time.monotonic()
+        per_window = cfg.rate * cfg.commit_interval
+        while not finished:
+            # The next window closes when its last message comes due (open loop).
+            window = math.floor(lo / per_window) + 1
+            hi = min(cfg.total, math.ceil(window * per_window))
+            due = start + hi / cfg.rate if hi < cfg.total else start + (cfg.total) / cfg.rate
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                # Behind schedule: send everything that is due now in one commit.
+                hi = min(cfg.total, max(hi, int((time.time() - start) * cfg.rate)))
+            last = hi >= cfg.total
+            batches = build_batches(
+                cfg.run_id, cfg.seed, start_us, cfg.rate, lo, hi, skip_below=next_index
+            )
+            futures = []
+            for name in INPUT_TABLES:
+                batch = batches[name]
+                if next_index[name] >= hi and not last:
+                    continue  # committed before a restart
+                if batch.num_rows == 0 and not last:
+                    continue
+                seq = next_seq[name]
+                next_seq[name] += 1
+                job = self.pool.submit(self._commit, name, batch, seq, hi, start_us, last)
+                futures.append((name, batch.num_rows, job))
+            for name, rows, fut in futures:
+                fut.result()
+                commits += 1
+                written[name] += rows
+            final_lag = max(0.0, time.time() - (start + hi / cfg.rate))
+            max_lag = max(max_lag, final_lag)
+            lo = hi
+            finished = last
+            if on_progress and (time.monotonic() - last_progress >= 5 or finished):
+                last_progress = time.monotonic()
+                on_progress({"messages": hi, "total": cfg.total, "lag_s": round(final_lag, 3)})
+        elapsed = time.time() - wall_start
+        sent = sum(written.values())
+        return ProducerReport(
+            run_id=cfg.run_id,
+            messages=sent,
+            per_table=written,
+            commits=commits,
+            elapsed_s=round(elapsed, 3),
+            achieved_rate=round(sent / elapsed, 1) if elapsed > 0 else 0.0,
+            target_rate=cfg.rate,
+            max_lag_s=round(max_lag, 3),
+            final_lag_s=round(final_lag, 3),
+            resumed_from=resumed_from,
+        )

@@ -1,0 +1,86 @@
+"""Retry with backoff for storage calls that fail for a passing reason (an outage).
+
+Errors a user must fix (credentials, missing bucket, bad data) are raised at once;
+connection-level failures are retried with capped exponential backoff and a log line
+saying what we are waiting for, so a MinIO restart costs time, never data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+TRANSIENT_MARKERS = (
+    "connection refused",
+    "error sending request",
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "service unavailable",
+    "503",
+    "500 internal",
+    "502",
+    "504",
+    "slowdown",
+    "dns error",
+    "tcp connect error",
+    "failed to fetch",
+    "io error",
+    "request or response body error",
+    "xminioservernotinitialized",
+    "server not initialized",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures an outage explains (network, 5xx), not for ones a user must fix."""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if any(s in text for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "nosuchbucket")):
+        return False
+    return any(marker in text for marker in TRANSIENT_MARKERS)
+
+
+def max_wait_s() -> float:
+    return float(os.environ.get("DELTABUS_RETRY_MAX_WAIT_S", "300"))
+
+
+def retry_storage(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    first_delay: float = 0.1,
+    max_delay: float = 5.0,
+    max_wait: float | None = None,
+) -> T:
+    """Call `fn`, retrying transient storage failures with capped exponential backoff."""
+    budget = max_wait_s() if max_wait is None else max_wait
+    deadline = time.monotonic() + budget
+    delay = first_delay
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - classified below
+            attempt += 1
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            log.warning(
+                "storage unavailable during %s (attempt %d, %s); retrying in %.1fs",
+                what,
+                attempt,
+                first_line,
+                delay,
+            )
+            time.sleep(delay)
+            delay = min(max_delay, delay * 2)

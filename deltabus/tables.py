@@ -1,0 +1,89 @@
+"""Table contracts (ARCHITECTURE.md) as Arrow schemas, and creating tables that honour them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from deltabus.lake import Lake
+
+INPUT_SCHEMA = pa.schema([("date", pa.string()), ("message", pa.string())])
+UNIFIED_SCHEMA = pa.schema(
+    [
+        ("timestamp", pa.float64()),
+        ("message", pa.string()),
+        ("time", pa.int64()),
+        ("diff", pa.int64()),
+    ]
+)
+REJECTS_SCHEMA = pa.schema(
+    [
+        ("date", pa.string()),
+        ("message", pa.string()),
+        ("raw", pa.string()),
+        ("source_table", pa.string()),
+        ("source_version", pa.int64()),
+        ("reason", pa.string()),
+        ("time", pa.int64()),
+    ]
+)
+
+# Change data feed lets readers fetch exactly the rows each version added (and nothing
+# for compaction commits), which is how the ETL and consumers tail a table.
+TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+
+META_PREFIX = "deltabus."
+
+
+def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
+    """Open `table`, creating it empty with the contract schema when it does not exist."""
+    if not lake.exists(table):
+        try:
+            DeltaTable.create(
+                lake.uri(table),
+                schema=schema,
+                mode="ignore",
+                configuration=TABLE_CONFIGURATION,
+                storage_options=lake.storage_options,
+            )
+        except (CommitFailedError, DeltaError) as exc:
+            # Another writer created it first: fine, as long as it is there now.
+            if not lake.exists(table):
+                raise exc
+    return lake.open(table)
+
+
+def iter_commits(dt: DeltaTable, limit: int = 200) -> Iterator[dict[str, Any]]:
+    """Newest-first commit infos, with our custom metadata at the top level."""
+    yield from dt.history(limit=limit)
+
+
+def find_commit(
+    dt: DeltaTable, predicate: Callable[[dict[str, Any]], bool], limit: int = 200
+) -> dict[str, Any] | None:
+    """The newest commit (within `limit`) whose commit info satisfies `predicate`."""
+    for info in iter_commits(dt, limit):
+        if predicate(info):
+            return info
+    return None
+
+
+def meta(info: dict[str, Any], key: str, default: Any = None) -> Any:
+    """Read one of our metadata values from a commit info (JSON-decoded)."""
+    raw = info.get(META_PREFIX + key)
+    if raw is None:
+        return default
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        return raw
+
+
+def metadata(**values: Any) -> dict[str, str]:
+    """Commit metadata under our prefix, JSON-encoded (delta-rs wants string values)."""
+    return {META_PREFIX + k: json.dumps(v) for k, v in values.items()}

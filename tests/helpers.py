@@ -1,0 +1,71 @@
+"""Reading tables back for assertions: real Delta reads, no mocks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import polars as pl
+from deltalake import DeltaTable
+
+from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
+
+
+def read_table(lake: Lake, table: str) -> pl.DataFrame:
+    dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+    return pl.from_arrow(dt.to_pyarrow_table())  # type: ignore[return-value]
+
+
+def read_inputs(lake: Lake) -> pl.DataFrame:
+    return pl.concat(
+        [read_table(lake, t).with_columns(source=pl.lit(t)) for t in INPUT_TABLES if lake.exists(t)]
+    )
+
+
+def read_unified(lake: Lake) -> pl.DataFrame:
+    return read_table(lake, UNIFIED_TABLE)
+
+
+def epoch_ms(date: str) -> float:
+    """The true epoch milliseconds of a `date` value, by the standard library."""
+    return datetime.strptime(date, DATE_FORMAT).timestamp() * 1000
+
+
+def assert_exactly_once(lake: Lake, expected: int | None = None) -> pl.DataFrame:
+    """Every input message is in the unified table exactly once with diff = 1."""
+    inputs = read_inputs(lake)
+    unified = read_unified(lake)
+    if expected is not None:
+        assert inputs.height == expected, f"inputs hold {inputs.height}, expected {expected}"
+    dupes = unified.group_by("message").len().filter(pl.col("len") > 1)
+    assert dupes.height == 0, f"duplicated messages: {dupes.head(5).to_dicts()}"
+    missing = set(inputs["message"]) - set(unified["message"])
+    assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:5]}"
+    extra = set(unified["message"]) - set(inputs["message"])
+    assert not extra, f"{len(extra)} unexpected messages, e.g. {sorted(extra)[:5]}"
+    assert unified["diff"].to_list() == [1] * unified.height
+    return unified
+
+
+def etl_process(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deltabus", "etl", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"process exited early: {process.communicate()[1][-2000:]}"
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout}s"
+        time.sleep(0.05)

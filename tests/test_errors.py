@@ -1,0 +1,134 @@
+"""Bucket, credential and endpoint errors: one clear message, exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deltabus.errors import ConfigError
+from deltabus.lake import Lake
+from deltabus.local_minio import MinioServer, free_port
+from deltabus.producer import ProducerConfig
+from deltabus.settings import load_settings
+from tests.conftest import lake_env, run_cli
+
+COMMANDS = [
+    ["produce", "--count", "10"],
+    ["etl"],
+    ["results", "--out", "r.csv"],
+    ["check"],
+]
+
+
+def objects_under(minio: MinioServer, lake: Lake) -> list[str]:
+    client = lake.s3_client()
+    bucket = lake.settings.bucket
+    names = [b["Name"] for b in client.list_buckets()["Buckets"]]
+    if bucket not in names:
+        return []
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=lake.settings.prefix)
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+def assert_clean_failure(result, *fragments: str, secret: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert secret not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_missing_bucket(minio: MinioServer, minio_lake: Lake, tmp_path: Path, command) -> None:
+    env = lake_env(minio_lake) | {"DELTABUS_BUCKET": "no-such-bucket"}
+    result = run_cli(command, env, tmp_path)
+    assert_clean_failure(
+        result,
+        "bucket 'no-such-bucket' does not exist",
+        "deltabus init-bucket",
+        secret=env["DELTABUS_SECRET_KEY"],
+    )
+    ghost = Lake(minio_lake.settings.model_copy(update={"bucket": "no-such-bucket"}))
+    assert objects_under(minio, ghost) == []
+    assert not (tmp_path / "r.csv").exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_wrong_credentials(minio: MinioServer, minio_lake: Lake, tmp_path: Path, command) -> None:
+    wrong = "not-the-secret-" + "x" * 12
+    env = lake_env(minio_lake) | {"DELTABUS_SECRET_KEY": wrong}
+    result = run_cli(command, env, tmp_path)
+    assert_clean_failure(result, "rejected the credentials", "DELTABUS_SECRET_KEY", secret=wrong)
+    assert objects_under(minio, minio_lake) == []
+
+
+def test_unreachable_endpoint(minio_lake: Lake, tmp_path: Path) -> None:
+    env = lake_env(minio_lake) | {"DELTABUS_MINIO_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    result = run_cli(["produce", "--count", "10"], env, tmp_path)
+    assert_clean_failure(
+        result,
+        "cannot reach MinIO at http://127.0.0.1:",
+        "make minio",
+        secret=env["DELTABUS_SECRET_KEY"],
+    )
+
+
+def test_init_bucket_creates_the_bucket(
+    minio: MinioServer, minio_lake: Lake, tmp_path: Path
+) -> None:
+    env = lake_env(minio_lake) | {"DELTABUS_BUCKET": "fresh-bucket"}
+    assert run_cli(["check"], env, tmp_path).returncode == 2
+    created = run_cli(["init-bucket"], env, tmp_path)
+    assert created.returncode == 0, created.stderr
+    assert "bucket 'fresh-bucket' created" in created.stdout
+    again = run_cli(["init-bucket"], env, tmp_path)
+    assert "bucket 'fresh-bucket' exists" in again.stdout
+    assert run_cli(["check"], env, tmp_path).returncode == 0
+
+
+def test_missing_secret_is_named(minio_lake: Lake, tmp_path: Path) -> None:
+    env = lake_env(minio_lake)
+    env.pop("DELTABUS_SECRET_KEY")
+    result = run_cli(["check"], env, tmp_path)
+    assert result.returncode == 2
+    assert "no MinIO secret key is configured" in result.stderr
+
+
+def test_example_env_names_are_accepted(
+    minio: MinioServer, minio_lake: Lake, tmp_path: Path
+) -> None:
+    """A `.env` with the published example's MINIO_S3_* names works as is."""
+    env = lake_env(minio_lake)
+    access, secret = env.pop("DELTABUS_ACCESS_KEY"), env.pop("DELTABUS_SECRET_KEY")
+    (tmp_path / ".env").write_text(
+        f"MINIO_S3_ACCESS_KEY={access}\nMINIO_S3_SECRET_ACCESS_KEY={secret}\n"
+    )
+    result = run_cli(["check"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rate": -5, "count": 10}, "rate must be a positive number"),
+        ({"rate": 10}, "exactly one of duration and count"),
+        ({"rate": 10, "count": 5, "commit_interval": 0}, "commit interval"),
+    ],
+)
+def test_invalid_producer_options(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ProducerConfig(**kwargs)
+
+
+def test_invalid_option_on_the_command_line(local_lake: Lake, tmp_path: Path) -> None:
+    result = run_cli(["produce", "--rate", "-1", "--count", "5"], lake_env(local_lake), tmp_path)
+    assert result.returncode == 2
+    assert "rate must be a positive number" in result.stderr
+    assert not Path(local_lake.root).exists()
+
+
+def test_unreadable_env_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read settings file"):
+        load_settings(tmp_path / "missing.env")
