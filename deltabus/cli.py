@@ -278,6 +278,13 @@ def minio_down(
     print(down(data_dir))
 
 
+# `deltabus bench`: the latency benchmark harness. Its options live in deltabus/bench/command.py,
+# which imports only typer; Pathway, matplotlib and Kafka load when the command runs.
+from deltabus.bench.command import bench as _bench  # noqa: E402
+
+app.command("bench")(_bench)
+
+
 def main() -> None:
     """Entry point: user-fixable problems print one clear message and exit with status 2."""
     try:

@@ -155,6 +155,27 @@ class Lake:
     def exists(self, table: str) -> bool:
         return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
 
+    def has_objects(self, table: str) -> bool:
+        """True when something (Delta or not) is stored at the table's location."""
+        if self.is_local:
+            path = Path(self.uri(table))
+            return path.is_dir() and any(path.iterdir())
+        listing = self.s3_client().list_objects_v2(
+            Bucket=self.settings.bucket, Prefix=f"{self.settings.prefix}/{table}/", MaxKeys=1
+        )
+        return listing.get("KeyCount", 0) > 0
+
+    def require_delta_or_absent(self, table: str) -> bool:
+        """True if `table` is a Delta table, False if nothing is there; else a clear error."""
+        if self.exists(table):
+            return True
+        if self.has_objects(table):
+            raise StorageError(
+                f"{self.uri(table)} holds files but is not a Delta table (no _delta_log)",
+                "point DELTABUS_PREFIX at a deltabus lake, or move those files away",
+            )
+        return False
+
     def open(self, table: str, version: int | None = None) -> DeltaTable:
         """Open a Delta table, with a clear error when there is none at that path."""
         try:
@@ -162,6 +183,8 @@ class Lake:
                 self.uri(table), version=version, storage_options=self.storage_options
             )
         except TableNotFoundError:
+            if self.has_objects(table):
+                self.require_delta_or_absent(table)
             raise StorageError(
                 f"no Delta table at {self.uri(table)}",
                 "check DELTABUS_PREFIX / DELTABUS_BUCKET, or run `deltabus produce` first",

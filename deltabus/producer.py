@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable
 
 from deltabus.errors import ConfigError
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
 from deltabus.retry import retry_storage
-from deltabus.tables import INPUT_SCHEMA, ensure_table, find_commit, meta, metadata
+from deltabus.tables import INPUT_SCHEMA, append_once, ensure_table, find_commit, meta, metadata
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +162,14 @@ class Producer:
             start_us = int(meta(info, "producer.start_us"))
         return next_index, next_seq, start_us
 
-    def _commit(self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool):
-        dt = self.tables[name]
-        props = CommitProperties(
+    def _commit(
+        self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
+    ) -> None:
+        append_once(
+            self.tables[name],
+            batch,
+            app_id=self.config.app_id,
+            seq=seq,
             custom_metadata=metadata(
                 **{
                     "producer.run_id": self.config.run_id,
@@ -176,18 +181,8 @@ class Producer:
                     "producer.total": self.config.total,
                 }
             ),
-            app_transactions=[Transaction(self.config.app_id, seq)],
+            what=f"commit to {name}",
         )
-
-        def write() -> None:
-            # A retried commit that did land the first time must not land twice.
-            dt.update_incremental()
-            done = dt.transaction_version(self.config.app_id)
-            if done is not None and done >= seq:
-                return
-            write_deltalake(dt, batch, mode="append", commit_properties=props)
-
-        retry_storage(write, what=f"commit to {name}")
 
     def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:
         cfg = self.config

@@ -13,7 +13,7 @@ RESULT_COLUMNS = ("timestamp", "message", "time", "diff")
 
 def export_results(lake: Lake, out: Path) -> int:
     """Write `timestamp,message,time,diff` ordered by time; returns the row count."""
-    if not lake.exists(UNIFIED_TABLE):
+    if not lake.require_delta_or_absent(UNIFIED_TABLE):
         raise StorageError(
             f"no unified table at {lake.uri(UNIFIED_TABLE)}", "run `deltabus etl` first"
         )

@@ -61,8 +61,13 @@ def retry_storage(
     first_delay: float = 0.1,
     max_delay: float = 5.0,
     max_wait: float | None = None,
+    also_retry: Callable[[BaseException], bool] | None = None,
 ) -> T:
-    """Call `fn`, retrying transient storage failures with capped exponential backoff."""
+    """Call `fn`, retrying transient storage failures with capped exponential backoff.
+
+    `also_retry` marks further retryable failures (commit conflicts): those are retried
+    quickly and quietly, since they mean contention rather than an outage.
+    """
     budget = max_wait_s() if max_wait is None else max_wait
     deadline = time.monotonic() + budget
     delay = first_delay
@@ -72,6 +77,10 @@ def retry_storage(
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below
             attempt += 1
+            if also_retry is not None and also_retry(exc) and time.monotonic() < deadline:
+                log.debug("%s: %s; retrying", what, exc)
+                time.sleep(min(0.05, delay) * (1 + attempt % 3))
+                continue
             if not is_transient(exc) or time.monotonic() + delay > deadline:
                 raise
             first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from deltabus.lake import Lake
+from deltabus.retry import retry_storage
 
 INPUT_SCHEMA = pa.schema([("date", pa.string()), ("message", pa.string())])
 UNIFIED_SCHEMA = pa.schema(
@@ -87,3 +88,44 @@ def meta(info: dict[str, Any], key: str, default: Any = None) -> Any:
 def metadata(**values: Any) -> dict[str, str]:
     """Commit metadata under our prefix, JSON-encoded (delta-rs wants string values)."""
     return {META_PREFIX + k: json.dumps(v) for k, v in values.items()}
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Another writer took the version we tried to commit: re-check and try again."""
+    text = str(exc).lower()
+    return isinstance(exc, CommitFailedError) or "version" in text and "already exists" in text
+
+
+def append_once(
+    dt: DeltaTable,
+    data: pa.Table,
+    *,
+    app_id: str,
+    seq: int,
+    custom_metadata: dict[str, str],
+    what: str,
+) -> bool:
+    """Append `data` as commit `seq` of writer `app_id`, exactly once.
+
+    The commit carries the app transaction (app_id, seq). Before every attempt the log
+    is re-read: if (app_id, seq) is already there (an earlier attempt landed but its
+    answer was lost in an outage) nothing is written. delta-rs' own commit retries are
+    off so that a lost answer can never turn into a second commit of the same rows;
+    conflicts with other writers are retried here, after that check. Returns False
+    when the commit had already landed.
+    """
+    props = CommitProperties(
+        custom_metadata=custom_metadata,
+        app_transactions=[Transaction(app_id, seq)],
+        max_commit_retries=0,
+    )
+
+    def attempt() -> bool:
+        dt.update_incremental()
+        done = dt.transaction_version(app_id)
+        if done is not None and done >= seq:
+            return False
+        write_deltalake(dt, data, mode="append", commit_properties=props)
+        return True
+
+    return retry_storage(attempt, what=what, also_retry=is_commit_conflict)

@@ -132,3 +132,54 @@ def test_invalid_option_on_the_command_line(local_lake: Lake, tmp_path: Path) ->
 def test_unreadable_env_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read settings file"):
         load_settings(tmp_path / "missing.env")
+
+
+@pytest.mark.parametrize("command", [["results", "--out", "r.csv"], ["etl"]], ids=lambda c: c[0])
+def test_lake_root_that_is_not_a_delta_table(local_lake: Lake, tmp_path: Path, command) -> None:
+    junk = Path(local_lake.uri("timezone_unified"))
+    junk.mkdir(parents=True)
+    (junk / "part-0.csv").write_text("not,delta\n")
+    result = run_cli(command, lake_env(local_lake), tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "holds files but is not a Delta table" in result.stderr
+    assert sorted(p.name for p in junk.iterdir()) == ["part-0.csv"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("args", "env_extra", "message"),
+    [
+        (["etl", "--commit-interval-ms", "0"], {}, "commit interval must be"),
+        (["--env-file", "missing.env", "check"], {}, "cannot read settings file missing.env"),
+        (["check"], {"DELTABUS_STORAGE": "s4"}, "invalid settings: storage"),
+        (["check"], {"DELTABUS_BUCKET": "Bad_Bucket"}, "invalid settings: bucket"),
+        (["check"], {"DELTABUS_MINIO_ENDPOINT": "127.0.0.1:9000"}, "must start with http"),
+    ],
+)
+def test_invalid_configuration_stops_cleanly(
+    local_lake: Lake, tmp_path: Path, args, env_extra, message
+) -> None:
+    result = run_cli(args, lake_env(local_lake) | env_extra, tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not Path(local_lake.root).exists()
+
+
+def test_secret_never_appears_in_output(minio_lake: Lake, tmp_path: Path) -> None:
+    env = lake_env(minio_lake)
+    secret = env["DELTABUS_SECRET_KEY"]
+    outputs = []
+    for args in (
+        ["-v", "produce", "--count", "300", "--rate", "1000"],
+        ["-v", "--json", "etl"],
+        ["-v", "results", "--out", "r.csv"],
+        ["-v", "check"],
+    ):
+        result = run_cli(args, env, tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(result.stdout + result.stderr)
+    text = "\n".join(outputs)
+    assert "DEBUG" in text  # verbose logging was really on
+    assert secret not in text
+    assert secret not in repr(minio_lake.settings) and secret not in str(minio_lake.settings)
+    assert secret not in (tmp_path / "r.csv").read_text()

@@ -99,6 +99,7 @@ def run_etl(
     `ready_file` is created once the dataflow runs, so a launcher can wait for it.
     """
     stop = stop or threading.Event()
+    lake.require_delta_or_absent(UNIFIED_TABLE)  # inputs are checked while waiting for them
 
     def mark_ready() -> None:
         if ready_file is not None:

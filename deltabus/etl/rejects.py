@@ -12,11 +12,10 @@ import threading
 import time
 
 import polars as pl
-from deltalake import CommitProperties, Transaction, write_deltalake
 
 from deltabus.lake import REJECTS_TABLE, Lake
 from deltabus.retry import retry_storage
-from deltabus.tables import REJECTS_SCHEMA, ensure_table, metadata
+from deltabus.tables import REJECTS_SCHEMA, append_once, ensure_table, metadata
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class RejectsWriter:
                 )
             dt = self._dt
             retry_storage(dt.update_incremental, what="refresh rejects")
-            done = dt.transaction_version(app_id)
+            done = dt.transaction_version(app_id)  # rejects of these versions already kept
             if done is not None:
                 bad = bad.filter(pl.col("source_version") > done)
             if bad.height == 0:
@@ -51,12 +50,12 @@ class RejectsWriter:
                 .to_arrow()
                 .cast(REJECTS_SCHEMA)
             )
-            props = CommitProperties(
+            append_once(
+                dt,
+                table,
+                app_id=app_id,
+                seq=top,
                 custom_metadata=metadata(**{"etl.rejects_from": source_table}),
-                app_transactions=[Transaction(app_id, top)],
-            )
-            retry_storage(
-                lambda: write_deltalake(dt, table, mode="append", commit_properties=props),
                 what="commit rejects",
             )
             log.warning(

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import pathway as pw
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable
 
-from deltabus.retry import retry_storage
-from deltabus.tables import UNIFIED_SCHEMA, metadata
+from deltabus.tables import UNIFIED_SCHEMA, append_once, metadata
 
 log = logging.getLogger(__name__)
 
@@ -119,20 +118,15 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             schema=UNIFIED_SCHEMA,
         )
         seq = self.seq
-        props = CommitProperties(
-            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": seq}),
-            app_transactions=[Transaction(ETL_APP_ID, seq)],
-        )
-
-        def write() -> None:
-            self.dt.update_incremental()
-            done = self.dt.transaction_version(ETL_APP_ID)
-            if done is not None and done >= seq:
-                return  # an earlier attempt landed before the connection dropped
-            write_deltalake(self.dt, table, mode="append", commit_properties=props)
-
         started = time.monotonic()
-        retry_storage(write, what="commit to timezone_unified")
+        append_once(
+            self.dt,
+            table,
+            app_id=ETL_APP_ID,
+            seq=seq,
+            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": seq}),
+            what="commit to timezone_unified",
+        )
         self.seq += 1
         self.positions = positions
         self.stats.rows += table.num_rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ import pathway as pw
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from deltabus.errors import StorageError
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.validate import split_valid
 from deltabus.lake import Lake
@@ -25,6 +27,8 @@ from deltabus.retry import retry_storage
 from deltabus.tables import meta
 
 log = logging.getLogger(__name__)
+
+NOT_DELTA_GRACE_S = 10.0
 
 
 class BatchSchema(pw.Schema):
@@ -79,9 +83,25 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         return False
 
     def _wait_for_table(self) -> DeltaTable | None:
+        """Wait for the input table; files without a Delta log for long are an error.
+
+        A writer creating a table puts data files before the first log entry, so files
+        without a log are only an error once they stay that way for `NOT_DELTA_GRACE_S`.
+        """
         announced = False
+        not_delta_since: float | None = None
         while not self.stop.is_set():
-            if retry_storage(lambda: self.lake.exists(self.table), what=f"look for {self.table}"):
+            try:
+                found = retry_storage(
+                    lambda: self.lake.require_delta_or_absent(self.table),
+                    what=f"look for {self.table}",
+                )
+            except StorageError:
+                not_delta_since = not_delta_since or time.monotonic()
+                if time.monotonic() - not_delta_since > NOT_DELTA_GRACE_S:
+                    raise
+                found = False
+            if found:
                 log.info(
                     "input table %s found, tailing from version %d", self.table, self.next_version
                 )
@@ -102,6 +122,9 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         dt = self._wait_for_table()
         if dt is None:
             return
+        if self.bounded and self.next_version > 0:
+            # Finish markers in versions an earlier run already processed still count.
+            self._note_finished(dt, 0, self.next_version - 1)
         while not self.stop.is_set():
             retry_storage(dt.update_incremental, what=f"poll {self.table}")
             latest = dt.version()
@@ -144,6 +167,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
 
     def _note_finished(self, dt: DeltaTable, start: int, end: int) -> None:
         """Bounded mode: remember which producer runs marked themselves finished."""
-        for info in dt.history(limit=dt.version() - start + 1):
+        for info in retry_storage(
+            lambda: dt.history(limit=dt.version() - start + 1), what=f"history of {self.table}"
+        ):
             if start <= info.get("version", -1) <= end and meta(info, "producer.finished"):
                 self.stats.finished_runs.add(str(meta(info, "producer.run_id")))

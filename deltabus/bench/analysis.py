@@ -1,0 +1,324 @@
+"""From raw observations to the report: samples table, percentiles, stages, verdicts.
+
+Every figure is computed by DuckDB over the `latency_samples` Delta table written for
+the run (`deltabus.latency.percentiles`, the SQL the Dagster latency asset uses), so the
+report describes exactly the samples stored next to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from deltabus.latency import PERCENTILES, over_time, percentile_sql, percentiles
+
+log = logging.getLogger(__name__)
+
+SAMPLES_TABLE = "latency_samples"
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("message", pa.string()),
+        ("sent_ms", pa.float64()),
+        ("input_commit_ms", pa.float64()),
+        ("etl_processed_ms", pa.float64()),
+        ("unified_commit_ms", pa.float64()),
+        ("seen_ms", pa.float64()),
+        ("latency_ms", pa.float64()),
+    ]
+)
+
+# Stage segments: (name, from column, to column). Together they add up to latency_ms.
+STAGES = (
+    ("sent_to_input_commit", "sent_ms", "input_commit_ms"),
+    ("input_commit_to_etl", "input_commit_ms", "etl_processed_ms"),
+    ("etl_to_unified_commit", "etl_processed_ms", "unified_commit_ms"),
+    ("unified_commit_to_seen", "unified_commit_ms", "seen_ms"),
+)
+
+# "Fell behind" (ARCHITECTURE: lag keeps growing through the run). See docs/benchmarks.md.
+BEHIND_MIN_GROWTH_S = 0.25  # Q4 median minus Q2 median, at least this ...
+BEHIND_REL_GROWTH = 0.25  # ... and at least this fraction of the Q2 median,
+BEHIND_MIN_SLOPE = 0.01  # with a per-interval median trend of >= 10 ms per second.
+
+
+def delta_inputs(lake) -> pa.Table:
+    """Every message in the input tables: message, sent_ms (its `date`), input_commit_ms."""
+    from deltabus.lake import INPUT_TABLES
+    from deltabus.producer import DATE_FORMAT_POLARS
+
+    frames = []
+    for table in INPUT_TABLES:
+        if not lake.exists(table):
+            continue
+        dt = lake.open(table)
+        reader = dt.load_cdf(
+            starting_version=0,
+            ending_version=dt.version(),
+            columns=["date", "message", "_change_type", "_commit_timestamp"],
+        )
+        frame = pl.from_arrow(pa.table(reader.read_all()))
+        assert isinstance(frame, pl.DataFrame)
+        if frame.height == 0:
+            continue
+        frames.append(
+            frame.filter(pl.col("_change_type") == "insert").select(
+                message=pl.col("message").cast(pl.String),
+                sent_ms=pl.col("date")
+                .str.strptime(pl.Datetime("us", "UTC"), DATE_FORMAT_POLARS)
+                .dt.epoch("us")
+                .cast(pl.Float64)
+                / 1000,
+                input_commit_ms=pl.col("_commit_timestamp")
+                .cast(pl.Datetime("ms"))
+                .dt.epoch("ms")
+                .cast(pl.Float64),
+            )
+        )
+    if not frames:
+        return pa.table(
+            {
+                "message": pa.array([], pa.string()),
+                "sent_ms": pa.array([], pa.float64()),
+                "input_commit_ms": pa.array([], pa.float64()),
+            }
+        )
+    return pl.concat(frames).to_arrow()
+
+
+def build_samples(inputs: pa.Table, seen: pa.Table) -> tuple[pa.Table, dict[str, Any]]:
+    """Join what was produced with what the consumer saw (first sighting per message).
+
+    Returns the samples (seen messages only) and bookkeeping: duplicates, rows seen that
+    were never produced, retractions, and rows whose parsed timestamp differs from `date`.
+    """
+    con = duckdb.connect()
+    con.register("inputs", inputs)
+    con.register("seen_raw", seen)
+    checks = con.execute(
+        """SELECT
+             (SELECT count(*) FROM seen_raw WHERE diff <> 1) AS retractions,
+             (SELECT count(*) - count(DISTINCT message) FROM seen_raw WHERE diff = 1)
+                AS duplicate_rows,
+             (SELECT count(*) FROM inputs) AS produced_rows,
+             (SELECT count(*) - count(DISTINCT message) FROM inputs) AS duplicate_inputs"""
+    ).fetchall()[0]
+    con.execute(
+        """CREATE TEMP TABLE first_seen AS
+           SELECT message, arg_min(timestamp, seen_ms) AS parsed_ms,
+                  arg_min(etl_processed_ms, seen_ms) AS etl_processed_ms,
+                  arg_min(unified_commit_ms, seen_ms) AS unified_commit_ms,
+                  min(seen_ms) AS seen_ms
+           FROM seen_raw WHERE diff = 1 GROUP BY message"""
+    )
+    extra = con.execute(
+        """SELECT count(*) FROM first_seen f ANTI JOIN inputs i USING (message)"""
+    ).fetchall()[0][0]
+    mismatched = con.execute(
+        """SELECT count(*) FROM first_seen f JOIN inputs i USING (message)
+           WHERE abs(f.parsed_ms - i.sent_ms) > 0.001"""
+    ).fetchall()[0][0]
+    samples = con.sql(
+        """SELECT i.message, i.sent_ms, i.input_commit_ms, f.etl_processed_ms,
+                  f.unified_commit_ms, f.seen_ms, f.seen_ms - i.sent_ms AS latency_ms
+           FROM inputs i JOIN first_seen f USING (message)
+           ORDER BY i.sent_ms"""
+    ).to_arrow_table()
+    samples = samples.cast(SAMPLES_SCHEMA)
+    return samples, {
+        "retractions_seen": int(checks[0]),
+        "duplicate_rows_seen": int(checks[1]),
+        "produced_rows": int(checks[2]),
+        "duplicate_inputs": int(checks[3]),
+        "seen_but_not_produced": int(extra),
+        "parsed_timestamp_mismatches": int(mismatched),
+    }
+
+
+def write_samples(lake, samples: pa.Table) -> str:
+    from deltalake import write_deltalake
+
+    from deltabus.retry import retry_storage
+
+    uri = lake.uri(SAMPLES_TABLE)
+    retry_storage(
+        lambda: write_deltalake(
+            uri, samples, mode="overwrite", storage_options=lake.storage_options
+        ),
+        what="write latency_samples",
+    )
+    return uri
+
+
+def samples_connection(lake) -> duckdb.DuckDBPyConnection:
+    """DuckDB with the stored `latency_samples` Delta table as a view."""
+    from deltabus.duck import register_delta_views
+
+    con = duckdb.connect()
+    register_delta_views(con, lake, (SAMPLES_TABLE,))
+    return con
+
+
+def _r(x: Any, nd: int = 4) -> float | None:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    return round(float(x), nd)
+
+
+def analyse(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    start_ms: float,
+    warmup_s: float,
+    duration_s: float,
+    interval_s: float,
+) -> dict[str, Any]:
+    """Percentiles, stage breakdown, over-time series and the fell-behind verdict."""
+    src = SAMPLES_TABLE
+    n_all = con.execute(f"SELECT count(*), min(sent_ms) FROM {src}").fetchall()[0]
+    first_sent = n_all[1]
+    pct = percentiles(con, src, warmup_s)
+    out: dict[str, Any] = {
+        "samples": int(pct["samples"]),
+        "samples_including_warmup": int(n_all[0]),
+        "first_sent_is_schedule_start": first_sent is not None and abs(first_sent - start_ms) < 0.5,
+        "percentiles": {k: _r(pct[k]) for k in (*PERCENTILES, "max")},
+    }
+    where = f"sent_ms >= {start_ms + warmup_s * 1000}"
+    stages = {}
+    for name, a, b in STAGES:
+        seg = con.execute(percentile_sql(src, f"({b} - {a})", where)).fetchall()[0]
+        cum = con.execute(percentile_sql(src, f"({b} - sent_ms)", where)).fetchall()[0]
+        names = ["samples", *PERCENTILES, "max"]
+        seg_d, cum_d = dict(zip(names, seg, strict=True)), dict(zip(names, cum, strict=True))
+        stages[name] = {
+            "p50": _r(seg_d["p50"]),
+            "p99": _r(seg_d["p99"]),
+            "p50_since_sent": _r(cum_d["p50"]),
+            "p99_since_sent": _r(cum_d["p99"]),
+        }
+    out["stages"] = stages
+    series = over_time(con, src, interval_s)
+    out["over_time"] = [{k: _r(v) for k, v in row.items()} for row in series]
+    out["behind"] = fell_behind(con, start_ms, warmup_s, duration_s, series)
+    return out
+
+
+def fell_behind(
+    con: duckdb.DuckDBPyConnection,
+    start_ms: float,
+    warmup_s: float,
+    duration_s: float,
+    series: list[dict[str, float]],
+) -> dict[str, Any]:
+    """Q2 vs Q4 medians of the post-warm-up span, and the trend of per-interval medians."""
+    span = duration_s - warmup_s
+    q = span / 4
+    t0 = start_ms + warmup_s * 1000
+
+    def median(lo_s: float, hi_s: float) -> float | None:
+        row = con.execute(
+            f"""SELECT quantile_cont(latency_ms, 0.5) / 1000 FROM {SAMPLES_TABLE}
+                WHERE sent_ms >= {t0 + lo_s * 1000} AND sent_ms < {t0 + hi_s * 1000}"""
+        ).fetchall()[0]
+        return row[0] if row else None
+
+    quarters = [median(i * q, (i + 1) * q) for i in range(4)]
+    post = [r for r in series if r["t_s"] is not None and r["t_s"] >= warmup_s]
+    slope = None
+    if len(post) >= 3:
+        t = np.array([r["t_s"] for r in post], dtype=float)
+        y = np.array([r["p50"] for r in post], dtype=float)
+        slope = float(np.polyfit(t, y, 1)[0])
+    q2, q4 = quarters[1], quarters[3]
+    growth = (q4 - q2) if q2 is not None and q4 is not None else None
+    verdict = bool(
+        growth is not None
+        and slope is not None
+        and growth > max(BEHIND_MIN_GROWTH_S, BEHIND_REL_GROWTH * q2)
+        and slope >= BEHIND_MIN_SLOPE
+    )
+    return {
+        "fell_behind": verdict,
+        "quarter_p50_s": [_r(x) for x in quarters],
+        "q4_minus_q2_p50_s": _r(growth),
+        "p50_slope_s_per_s": _r(slope, 5),
+        "rule": (
+            f"Q4 p50 - Q2 p50 > max({BEHIND_MIN_GROWTH_S} s, {BEHIND_REL_GROWTH:.0%} of Q2 p50)"
+            f" and slope of per-interval p50 >= {BEHIND_MIN_SLOPE} s/s"
+        ),
+    }
+
+
+def recovery(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    down_ms: float,
+    resumed_ms: float,
+    threshold_s: float,
+    bucket_s: float = 1.0,
+) -> dict[str, Any]:
+    """Backlog drain: time from the ETL's resumption until latency stays under threshold.
+
+    Samples are bucketed by the time the consumer saw them; recovery is the start of the
+    first bucket after resumption from which every later bucket's p99 (and, separately,
+    p50) stays under `threshold_s`.
+    """
+    rows = con.execute(
+        f"""SELECT floor((seen_ms - {resumed_ms}) / {bucket_s * 1000}) AS b,
+                   quantile_cont(latency_ms, 0.5) / 1000 AS p50,
+                   quantile_cont(latency_ms, 0.99) / 1000 AS p99,
+                   max(latency_ms) / 1000 AS mx, count(*) AS n
+            FROM {SAMPLES_TABLE} WHERE seen_ms >= {resumed_ms} GROUP BY 1 ORDER BY 1"""
+    ).fetchall()
+    backlog = con.execute(
+        f"""SELECT count(*) FROM {SAMPLES_TABLE}
+            WHERE sent_ms >= {down_ms} AND sent_ms < {resumed_ms}"""
+    ).fetchall()[0][0]
+    peak = con.execute(
+        f"SELECT max(latency_ms) / 1000 FROM {SAMPLES_TABLE} WHERE seen_ms >= {down_ms}"
+    ).fetchall()[0][0]
+
+    def settle(col: int) -> float | None:
+        at = None
+        for row in rows:
+            if row[col] >= threshold_s:
+                at = None
+            elif at is None:
+                at = row[0] * bucket_s
+        return at if at is not None else None
+
+    return {
+        "down_s": _r((resumed_ms - down_ms) / 1000, 3),
+        "backlog_messages": int(backlog),
+        "peak_latency_s": _r(peak),
+        "threshold_s": threshold_s,
+        "recovery_s_p99": _r(settle(2), 3),
+        "recovery_s_p50": _r(settle(1), 3),
+        "rule": (
+            f"first {bucket_s:g}-s bucket (by seen time) after the ETL resumed from which "
+            f"every later bucket's p99 (p50) stays under {threshold_s:g} s"
+        ),
+    }
+
+
+def quarter_drift(
+    con: duckdb.DuckDBPyConnection, start_ms: float, warmup_s: float, duration_s: float
+):
+    """Soak: p50/p99 per quarter of the post-warm-up span."""
+    q = (duration_s - warmup_s) / 4
+    t0 = start_ms + warmup_s * 1000
+    out = []
+    for i in range(4):
+        row = con.execute(
+            f"""SELECT quantile_cont(latency_ms, 0.5) / 1000, quantile_cont(latency_ms, 0.99) / 1000
+                FROM {SAMPLES_TABLE}
+                WHERE sent_ms >= {t0 + i * q * 1000} AND sent_ms < {t0 + (i + 1) * q * 1000}"""
+        ).fetchall()[0]
+        out.append({"quarter": i + 1, "p50": _r(row[0]), "p99": _r(row[1])})
+    return out

@@ -1,0 +1,197 @@
+"""The `deltabus bench` command: options and help. Imports only typer at load time; the
+harness (Pathway, matplotlib, confluent-kafka) is imported when the command runs."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+HELP = (
+    "Measure end-to-end latency: producer -> Delta (MinIO) -> Pathway ETL -> consumer.\n\n"
+    "For each rate: a fresh lake prefix, the ETL as its own process (continuous mode), an "
+    "open-loop producer (message i is due at start + i/rate; its `date` is that scheduled "
+    "time) and a consumer tailing timezone_unified that records when it first sees every "
+    "row. Latency = first seen - scheduled send time. Samples go to the Delta table "
+    "latency_samples under the run's prefix; DuckDB computes p50 .. p99.9 and max over the "
+    "samples after the warm-up.\n\n"
+    "Writes to --out: report.json, report.md, latency-<backbone>-<rate>.png, "
+    "percentiles-vs-rate.png, runs/<backbone>-<rate>.json (details) and logs/. Exits 1 "
+    "when a message was lost (produced, never seen) or a check failed, after writing the "
+    "reports.\n\n"
+    "Examples:\n\n"
+    "deltabus bench --rates 10000,30000 --duration 30 --warmup 5 --profile 100ms\n\n"
+    "deltabus bench --rates 10000 --backbone both --out bench-out\n\n"
+    "deltabus bench --rates 10000 --duration 60 --backlog-drain 10"
+)
+
+
+def bench(
+    rates: Annotated[
+        str, typer.Option(help="Comma-separated target rates in msg/s (10000,30000 or 10k,30k).")
+    ] = "10000",
+    duration: Annotated[float, typer.Option(help="Seconds of producing per rate.")] = 30,
+    warmup: Annotated[
+        float, typer.Option(help="Seconds at the start whose samples are discarded.")
+    ] = 5,
+    profile: Annotated[
+        str,
+        typer.Option(help="Commit interval of producer AND ETL: 100ms or 1000ms (any Nms)."),
+    ] = "100ms",
+    seed: Annotated[int, typer.Option(help="Seed of the producers' table choice.")] = 0,
+    out: Annotated[Path, typer.Option(help="Directory for reports, plots and logs.")] = Path(
+        "bench-out"
+    ),
+    backbone: Annotated[
+        str,
+        typer.Option(
+            help="delta, kafka (the same workload on a local Kafka 4.3.1 broker via "
+            "platform/kafka.sh; needs Java 17) or both (side by side per rate)."
+        ),
+    ] = "delta",
+    local_minio: Annotated[
+        bool | None,
+        typer.Option(
+            "--local-minio/--no-local-minio",
+            help="Start a throwaway MinIO on a free loopback port with a temporary data "
+            "directory. Default: only when no MinIO secret key is configured.",
+        ),
+    ] = None,
+    producers: Annotated[
+        int,
+        typer.Option(help="Concurrent producers on the same tables (distinct run ids, rate/K)."),
+    ] = 1,
+    producer_mode: Annotated[
+        str,
+        typer.Option(
+            help="process: each producer in its own process (default, disturbs the "
+            "measurement least); inline: threads in the benchmark process."
+        ),
+    ] = "process",
+    backlog_drain: Annotated[
+        float,
+        typer.Option(
+            help="Scenario: take the ETL down for N s under load, then resume it and "
+            "report the time until latency is back under --recovery-threshold."
+        ),
+    ] = 0,
+    drain_signal: Annotated[
+        str,
+        typer.Option(
+            help="term: SIGTERM and restart the ETL (it resumes from its commits); "
+            "stop: SIGSTOP then SIGCONT."
+        ),
+    ] = "term",
+    recovery_threshold: Annotated[
+        float, typer.Option(help="Backlog drain: 'recovered' once latency stays under this (s).")
+    ] = 1.0,
+    soak: Annotated[
+        bool,
+        typer.Option(
+            help="Scenario: run lake maintenance (compact, checkpoint, vacuum with 24 h "
+            "retention) every --maintenance-interval s and report latency per quarter."
+        ),
+    ] = False,
+    maintenance_interval: Annotated[
+        float, typer.Option(help="Soak: seconds between maintenance passes.")
+    ] = 60,
+    grace: Annotated[
+        float,
+        typer.Option(
+            help="After producing ends, a message not seen once the consumer has made no "
+            "progress for this many seconds is lost."
+        ),
+    ] = 20,
+    poll_ms: Annotated[float, typer.Option(help="Consumer poll interval (ms).")] = 20,
+    etl_poll_ms: Annotated[
+        float | None, typer.Option(help="ETL input poll interval (ms); default: the ETL's own.")
+    ] = None,
+    interval: Annotated[
+        float, typer.Option(help="Bucket (s) of the latency-over-time plots.")
+    ] = 1.0,
+    progress: Annotated[
+        bool, typer.Option(help="Live progress on stderr (a terminal only; else log lines).")
+    ] = True,
+) -> None:
+    from deltabus import cli
+    from deltabus.bench.config import BenchConfig, parse_backbones, parse_profile, parse_rates
+
+    parse_profile(profile)
+    config = BenchConfig(
+        rates=parse_rates(rates),
+        duration=duration,
+        warmup=warmup,
+        profile=profile,
+        out=out,
+        seed=seed,
+        backbones=parse_backbones(backbone),
+        producers=producers,
+        producer_mode=producer_mode,
+        backlog_drain=backlog_drain,
+        drain_signal=drain_signal,
+        recovery_threshold=recovery_threshold,
+        soak=soak,
+        maintenance_interval=maintenance_interval,
+        grace=grace,
+        consumer_poll_ms=poll_ms,
+        etl_poll_ms=etl_poll_ms,
+        interval_s=interval,
+        command=shlex.join(["deltabus", *sys.argv[1:]]),
+    )
+    report = run(config, cli.settings(), local_minio=local_minio, show_progress=progress)
+    errors = report.pop("errors", [])
+    if cli.state.as_json:
+        print(__import__("json").dumps(report))
+    else:
+        print((out / "report.md").read_text().split("\n## All percentiles")[0].rstrip())
+        print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")
+    if errors:
+        for e in errors:
+            print(f"deltabus bench: error: {e}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+bench.__doc__ = HELP
+
+
+def run(config, settings, *, local_minio: bool | None = None, show_progress: bool = True) -> dict:
+    """Run the benchmark on `settings` (or a throwaway MinIO); returns report.json + errors."""
+    import os
+
+    from deltabus.bench.environment import minio_configured, throwaway_minio
+    from deltabus.bench.runner import Bench
+    from deltabus.lake import Lake
+
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    if local_minio is None:
+        local_minio = not minio_configured(settings) and settings.storage == "minio"
+    if local_minio:
+        with throwaway_minio() as (minio_settings, pid):
+            return Bench(config, minio_settings, minio_pid=pid, show_progress=show_progress).run()
+    Lake(settings).check()
+    return Bench(
+        config, settings, minio_pid=_minio_pid(settings), show_progress=show_progress
+    ).run()
+
+
+def _minio_pid(settings) -> int | None:
+    """The pid of a MinIO on this machine serving the endpoint's port (for CPU figures)."""
+    import re
+
+    m = re.match(r"https?://(127\.0\.0\.1|localhost)(?::(\d+))?", settings.minio_endpoint)
+    if settings.storage != "minio" or not m:
+        return None
+    port = m.group(2) or "80"
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"minio") and any(c.endswith(f":{port}".encode()) for c in cmd):
+            return int(proc.name)
+    return None

@@ -1,0 +1,254 @@
+"""Consumers that tail the unified output and record when they first see every row.
+
+`seen_ms` is stamped once the rows are in the consumer's hands (after the read), as a
+user's consumer would experience it. Live statistics (window percentiles, running p99
+from a 1 ms histogram) feed the progress display without touching the stored samples.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+log = logging.getLogger(__name__)
+
+SEEN_SCHEMA = pa.schema(
+    [
+        ("message", pa.string()),
+        ("timestamp", pa.float64()),  # sent_ms as the ETL parsed it
+        ("etl_processed_ms", pa.float64()),
+        ("unified_commit_ms", pa.float64()),
+        ("seen_ms", pa.float64()),
+        ("diff", pa.int64()),
+    ]
+)
+HIST_MAX_MS = 600_000
+UNIFIED_JSON = {"timestamp": pl.Float64, "message": pl.String, "time": pl.Int64, "diff": pl.Int64}
+
+
+class LiveStats:
+    """Latency of recently seen rows and a running histogram after the warm-up."""
+
+    def __init__(self, warmup_end_ms: float | None = None, window_s: float = 5.0) -> None:
+        self.warmup_end_ms = warmup_end_ms
+        self.window_s = window_s
+        self.recent: deque[tuple[float, np.ndarray]] = deque()
+        self.hist = np.zeros(HIST_MAX_MS + 1, dtype=np.int64)
+        self.latest_sent_ms = 0.0
+        self.lock = threading.Lock()
+
+    def add(self, seen_ms: float, sent_ms: np.ndarray) -> None:
+        if sent_ms.size == 0:
+            return
+        lat = seen_ms - sent_ms
+        with self.lock:
+            self.recent.append((seen_ms / 1000, lat))
+            self.latest_sent_ms = max(self.latest_sent_ms, float(sent_ms.max()))
+            if self.warmup_end_ms is not None:
+                kept = lat[sent_ms >= self.warmup_end_ms]
+                if kept.size:
+                    idx = np.clip(kept, 0, HIST_MAX_MS).astype(np.int64)
+                    self.hist += np.bincount(idx, minlength=HIST_MAX_MS + 1)
+
+    def snapshot(self) -> dict:
+        now = time.time()
+        with self.lock:
+            while self.recent and self.recent[0][0] < now - self.window_s:
+                self.recent.popleft()
+            window = np.concatenate([a for _, a in self.recent]) if self.recent else None
+            total = int(self.hist.sum())
+            running_p99 = None
+            if total:
+                cum = np.cumsum(self.hist)
+                running_p99 = float(np.searchsorted(cum, 0.99 * total)) / 1000
+            latest = self.latest_sent_ms
+        out = {
+            "window_p50": float(np.percentile(window, 50)) / 1000 if window is not None else None,
+            "window_p99": float(np.percentile(window, 99)) / 1000 if window is not None else None,
+            "running_p99": running_p99,
+            "e2e_lag_s": (now * 1000 - latest) / 1000 if latest else None,
+        }
+        return out
+
+
+class TailConsumer(threading.Thread):
+    """Base: poll, stamp, keep every batch; subclasses implement `poll_once`."""
+
+    def __init__(self, poll_s: float, stats: LiveStats, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.poll_s = poll_s
+        self.stats = stats
+        self.stop_event = threading.Event()
+        self.parts: list[pa.Table] = []
+        self.rows = 0
+        self.inserted = 0
+        self.error: BaseException | None = None
+        self.last_progress = time.monotonic()
+        self.ready = threading.Event()
+
+    def poll_once(self) -> pa.Table | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            self.setup()
+            self.ready.set()
+            while not self.stop_event.is_set():
+                batch = self.poll_once()
+                if batch is None or batch.num_rows == 0:
+                    self.stop_event.wait(self.poll_s)
+                    continue
+                self.parts.append(batch)
+                self.rows += batch.num_rows
+                inserts = batch.filter(pc.equal(batch["diff"], 1))
+                self.inserted += inserts.num_rows
+                self.last_progress = time.monotonic()
+                self.stats.add(
+                    float(batch["seen_ms"][0].as_py()),
+                    inserts["timestamp"].to_numpy(zero_copy_only=False),
+                )
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the runner
+            log.exception("consumer failed")
+            self.error = exc
+        finally:
+            self.ready.set()
+            self.teardown()
+
+    def setup(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+    def stop(self, timeout: float = 30) -> None:
+        self.stop_event.set()
+        self.join(timeout)
+
+    def table(self) -> pa.Table:
+        if not self.parts:
+            return SEEN_SCHEMA.empty_table()
+        return pa.concat_tables(self.parts)
+
+
+class DeltaUnifiedConsumer(TailConsumer):
+    """Tails `timezone_unified` like the ETL tails its inputs: update_incremental + CDF."""
+
+    COLUMNS = ["message", "timestamp", "time", "diff", "_change_type", "_commit_timestamp"]
+
+    def __init__(self, lake, poll_s: float, stats: LiveStats) -> None:
+        super().__init__(poll_s, stats, name="unified-consumer")
+        self.lake = lake
+        self.dt = None
+        self.next_version = 0  # 0: the version after the current one when it starts
+        self.versions = 0
+
+    def setup(self) -> None:
+        from deltabus.lake import UNIFIED_TABLE
+        from deltabus.retry import retry_storage
+
+        dt = retry_storage(lambda: self.lake.open(UNIFIED_TABLE), what="open unified")
+        self.dt = dt
+        if self.next_version <= 0:
+            self.next_version = dt.version() + 1
+        # The first change-data-feed read of a process is slow (seconds on a busy machine):
+        # pay it here, before the schedule starts, not on the first measured batch.
+        warm = dt.load_cdf(starting_version=0, ending_version=0, columns=self.COLUMNS)
+        pl.from_arrow(pa.table(warm.read_all()))
+
+    def poll_once(self) -> pa.Table | None:
+        from deltabus.retry import retry_storage
+
+        dt = self.dt
+        retry_storage(dt.update_incremental, what="poll timezone_unified")
+        latest = dt.version()
+        if latest < self.next_version:
+            return None
+        start = self.next_version
+        reader = retry_storage(
+            lambda: dt.load_cdf(
+                starting_version=start, ending_version=latest, columns=self.COLUMNS
+            ),
+            what=f"read timezone_unified {start}-{latest}",
+        )
+        table = pa.table(reader.read_all())
+        seen_ms = time.time() * 1000
+        self.next_version = latest + 1
+        self.versions += latest - start + 1
+        if table.num_rows == 0:  # e.g. a compaction commit
+            return None
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        frame = frame.filter(pl.col("_change_type") == "insert").select(
+            message=pl.col("message").cast(pl.String),
+            timestamp=pl.col("timestamp").cast(pl.Float64),
+            etl_processed_ms=pl.col("time").cast(pl.Float64),
+            unified_commit_ms=pl.col("_commit_timestamp")
+            .cast(pl.Datetime("ms"))
+            .dt.epoch("ms")
+            .cast(pl.Float64),
+            seen_ms=pl.lit(seen_ms, pl.Float64),
+            diff=pl.col("diff").cast(pl.Int64),
+        )
+        return frame.to_arrow().cast(SEEN_SCHEMA)
+
+
+class KafkaUnifiedConsumer(TailConsumer):
+    """Reads topic `timezone_unified` from the beginning (no group join on the hot path)."""
+
+    def __init__(self, bootstrap: str, topic: str, poll_s: float, stats: LiveStats) -> None:
+        super().__init__(poll_s, stats, name="kafka-unified-consumer")
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.consumer = None
+
+    def setup(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"bench-consumer-{time.time_ns()}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+                "fetch.min.bytes": 1,
+            }
+        )
+        self.consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+
+    def poll_once(self) -> pa.Table | None:
+        msgs = self.consumer.consume(num_messages=20_000, timeout=self.poll_s)
+        if not msgs:
+            return None
+        seen_ms = time.time() * 1000
+        values, stamps = [], []
+        for m in msgs:
+            if m.error() is not None:
+                if m.error().code() == -191:  # _PARTITION_EOF
+                    continue
+                raise RuntimeError(f"Kafka consumer error: {m.error()}")
+            values.append(m.value())
+            stamps.append(m.timestamp()[1])
+        if not values:
+            return None
+        frame = pl.read_ndjson(io.BytesIO(b"\n".join(values)), schema=UNIFIED_JSON)
+        frame = frame.select(
+            message=pl.col("message"),
+            timestamp=pl.col("timestamp"),
+            etl_processed_ms=pl.col("time").cast(pl.Float64),
+            unified_commit_ms=pl.Series(np.asarray(stamps, dtype=np.float64)),
+            seen_ms=pl.lit(seen_ms, pl.Float64),
+            diff=pl.col("diff"),
+        )
+        return frame.to_arrow().cast(SEEN_SCHEMA)
+
+    def teardown(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()

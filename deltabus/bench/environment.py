@@ -1,0 +1,187 @@
+"""Where a benchmark runs: the lake connection for child processes, a throwaway MinIO,
+a description of the machine, and CPU accounting per process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform as _platform  # the standard library module (never a local package)
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from deltabus.lake import Lake
+from deltabus.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def child_env(settings: Settings, empty_env_file: Path) -> dict[str, str]:
+    """Environment for a `deltabus` child process pointing at exactly `settings`.
+
+    Inherited DELTABUS_/MINIO_S3_/AWS_ variables are dropped and the settings file is an
+    empty one, so a `.env` in the working directory cannot redirect a child elsewhere.
+    """
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DELTABUS_", "MINIO_S3_", "AWS_"))
+    }
+    empty_env_file.parent.mkdir(parents=True, exist_ok=True)
+    empty_env_file.touch()
+    env.update(
+        {
+            "DELTABUS_ENV_FILE": str(empty_env_file),
+            "DELTABUS_STORAGE": settings.storage,
+            "DELTABUS_LOCAL_ROOT": str(Path(settings.local_root).resolve()),
+            "DELTABUS_MINIO_ENDPOINT": settings.minio_endpoint,
+            "DELTABUS_ACCESS_KEY": settings.access_key,
+            "DELTABUS_BUCKET": settings.bucket,
+            "DELTABUS_REGION": settings.region,
+            "DELTABUS_PREFIX": settings.prefix,
+            "GX_ANALYTICS_ENABLED": "false",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if "DELTABUS_RETRY_MAX_WAIT_S" in os.environ:
+        env["DELTABUS_RETRY_MAX_WAIT_S"] = os.environ["DELTABUS_RETRY_MAX_WAIT_S"]
+    if settings.secret_key is not None:
+        env["DELTABUS_SECRET_KEY"] = settings.secret_key.get_secret_value()
+    return env
+
+
+def minio_configured(settings: Settings) -> bool:
+    """True when the settings name a MinIO we can log in to (a secret key is set)."""
+    return settings.storage == "minio" and settings.secret_key is not None
+
+
+@contextmanager
+def throwaway_minio(bucket: str = "deltabus-bench") -> Iterator[tuple[Settings, int]]:
+    """A MinIO on a free loopback port with a temporary data directory (removed after)."""
+    from deltabus.local_minio import MinioServer
+
+    with tempfile.TemporaryDirectory(prefix="deltabus-bench-minio-") as tmp:
+        server = MinioServer(
+            Path(tmp) / "data",
+            access_key="bench-" + secrets.token_hex(4),
+            secret_key=secrets.token_urlsafe(18),
+        )
+        server.start()
+        try:
+            settings = Settings(
+                storage="minio",
+                minio_endpoint=server.endpoint,
+                access_key=server.access_key,
+                secret_key=server.secret_key,
+                bucket=bucket,
+                prefix="lake",
+            )
+            Lake(settings).init_bucket()
+            log.info("throwaway MinIO on %s (data in %s)", server.endpoint, tmp)
+            assert server.process is not None
+            yield settings, server.process.pid
+        finally:
+            server.stop()
+
+
+def machine_description() -> str:
+    """CPU model and count, memory, kernel, Python: enough to compare figures across hosts."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f", {int(line.split()[1]) / 1024 / 1024:.0f} GiB RAM"
+                break
+    except OSError:
+        pass
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = f", load average {os.getloadavg()[0]:.2f} at start"
+    return (
+        f"{os.cpu_count()} cores ({model}){mem}, {_platform.system()} {_platform.release()}, "
+        f"Python {sys.version.split()[0]}{load}"
+    )
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` so far (None when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def machine_busy() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    try:
+        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    values = [int(v) for v in parts]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return float(sum(values) - idle), float(sum(values))
+
+
+class CpuMeter:
+    """CPU used by named processes (and the whole machine) between start() and stop().
+
+    Reported as % of one core, so 100 means one core fully used.
+    """
+
+    def __init__(self) -> None:
+        self.pids: dict[str, int] = {}
+        self._start: dict[str, float] = {}
+        self._end: dict[str, float] = {}
+        self._t0 = self._t1 = 0.0
+        self._m0: tuple[float, float] | None = None
+        self._m1: tuple[float, float] | None = None
+
+    def watch(self, name: str, pid: int | None) -> None:
+        if pid is None:
+            return
+        self.pids[name] = pid
+        if self._t0:  # started already: measure from now on
+            self._start[name] = process_cpu_s(pid) or 0.0
+
+    def sample(self, name: str) -> None:
+        """Record a process's CPU now (call before it exits)."""
+        value = process_cpu_s(self.pids[name]) if name in self.pids else None
+        if value is not None:
+            self._end[name] = value
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._m0 = machine_busy()
+        for name, pid in self.pids.items():
+            self._start[name] = process_cpu_s(pid) or 0.0
+
+    def stop(self) -> None:
+        self._t1 = time.monotonic()
+        self._m1 = machine_busy()
+        for name in self.pids:
+            self.sample(name)
+
+    def report(self) -> dict[str, float]:
+        wall = max(1e-9, self._t1 - self._t0)
+        out = {
+            name: round(100 * (self._end[name] - self._start.get(name, 0.0)) / wall, 1)
+            for name in self.pids
+            if name in self._end
+        }
+        if self._m0 and self._m1 and self._m1[1] > self._m0[1]:
+            busy = (self._m1[0] - self._m0[0]) / (self._m1[1] - self._m0[1])
+            out["machine_busy_pct_of_all_cores"] = round(100 * busy, 1)
+        return out

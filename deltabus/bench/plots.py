@@ -1,0 +1,90 @@
+"""PNG plots (matplotlib, Agg backend): latency over time per run, percentiles vs rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deltabus.bench.report import ANCHORS, profile_key
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def latency_over_time(
+    path: Path,
+    title: str,
+    series: list[dict],
+    warmup_s: float,
+    *,
+    outage: tuple[float, float] | None = None,
+    marks: list[float] | None = None,
+) -> Path:
+    """p50/p95/p99 per interval of send time; warm-up shaded, outage and maintenance marked."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
+    t = [r["t_s"] for r in series]
+    for key, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
+        ax.plot(t, [r[key] for r in series], style, label=key, linewidth=1.5)
+    if warmup_s > 0:
+        ax.axvspan(0, warmup_s, color="grey", alpha=0.15, label="warm-up (discarded)")
+    if outage:
+        ax.axvspan(outage[0], outage[1], color="red", alpha=0.12, label="ETL down")
+    for i, m in enumerate(marks or []):
+        ax.axvline(
+            m, color="green", alpha=0.5, linewidth=0.8, label="maintenance" if i == 0 else None
+        )
+    ax.set_xlabel("send time since start (s)")
+    ax.set_ylabel("latency (s)")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def percentiles_vs_rate(path: Path, profile: str, runs: list[dict]) -> Path:
+    """p50/p95/p99/max against rate per backbone, with the profile's anchors as markers."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    colors = {"p50": "tab:blue", "p95": "tab:orange", "p99": "tab:red", "max": "tab:grey"}
+    for backbone, style in (("delta", "-o"), ("kafka", "--s")):
+        rows = sorted((r for r in runs if r["backbone"] == backbone), key=lambda r: r["rate"])
+        if not rows:
+            continue
+        for key, color in colors.items():
+            pts = [(r["rate"], max(r[key], 1e-3)) for r in rows if r[key] is not None]
+            if not pts:
+                continue
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                style,
+                color=color,
+                label=f"{backbone} {key}",
+                markersize=4,
+            )
+    anchors = ANCHORS.get(profile_key(profile), {})
+    if anchors:
+        ar = sorted(anchors)
+        ax.plot(ar, [anchors[r][0] for r in ar], "x", color="tab:blue", label="anchor p50")
+        ax.plot(ar, [anchors[r][1] for r in ar], "x", color="tab:red", label="anchor p99")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rate (msg/s)")
+    ax.set_ylabel("latency (s)")
+    ax.set_title(f"latency percentiles vs rate (commit {profile})")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,201 @@
+"""report.json (read by the Dagster asset), report.md and the anchors they compare to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# ARCHITECTURE.md, "Anchors": Pathway's published Delta-on-MinIO benchmark (its own Delta
+# connector, single-threaded, 5-minute runs, 30 s warm-up). (p50 s, p99 s, fell behind)
+ANCHORS: dict[str, dict[int, tuple[float, float, bool]]] = {
+    "1000ms": {
+        10_000: (0.94, 1.94, False),
+        70_000: (1.45, 2.05, False),
+        150_000: (1.68, 3.09, False),
+        250_000: (1.98, 4.58, True),
+    },
+    "100ms": {
+        10_000: (0.26, 0.67, False),
+        30_000: (0.28, 0.64, False),
+        70_000: (1.24, 41.32, True),
+    },
+}
+
+RUN_KEYS = (
+    "rate",
+    "backbone",
+    "samples",
+    "messages",
+    "lost",
+    "p50",
+    "p75",
+    "p85",
+    "p95",
+    "p99",
+    "p99.9",
+    "max",
+    "achieved_rate",
+    "max_lag_s",
+    "fell_behind",
+    "stages",
+)
+
+
+def profile_key(profile: str) -> str:
+    """'100ms' -> '100ms', '1s' -> '1000ms' (the anchors' keys)."""
+    from deltabus.bench.config import parse_profile
+
+    return f"{int(round(parse_profile(profile) * 1000))}ms"
+
+
+def anchor(profile: str, rate: int) -> tuple[float, float, bool] | None:
+    return ANCHORS.get(profile_key(profile), {}).get(rate)
+
+
+def report_json(profile: str, machine: str, command: str, runs: list[dict]) -> dict[str, Any]:
+    """Exactly {profile, machine, command, runs: [...]} with the documented run keys."""
+    return {
+        "profile": profile,
+        "machine": machine,
+        "command": command,
+        "runs": [{k: run[k] for k in RUN_KEYS} for run in runs],
+    }
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _f(x: float | None, nd: int = 2) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def _pair(p50: float | None, p99: float | None, behind: bool = False) -> str:
+    if p50 is None:
+        return "—"
+    return f"{_f(p50)} / {_f(p99)}" + (" (fell behind)" if behind else "")
+
+
+def report_markdown(
+    profile: str,
+    machine: str,
+    command: str,
+    runs: list[dict],
+    details: list[dict],
+    plots: dict[str, str],
+    notes: list[str],
+) -> str:
+    backbones = sorted({r["backbone"] for r in runs}, key=lambda b: (b != "delta", b))
+    rates = sorted({r["rate"] for r in runs})
+    pk = profile_key(profile)
+    other = "1000ms" if pk == "100ms" else "100ms"
+    by = {(r["backbone"], r["rate"]): r for r in runs}
+    lines = [
+        "# deltabus latency benchmark",
+        "",
+        f"- profile: commit every {profile} (producer and ETL)",
+        f"- machine: {machine}",
+        f"- command: `{command}`",
+        "- latency: consumer first sees the row in the unified output minus the message's "
+        "scheduled send time; percentiles over the samples after the warm-up (seconds).",
+        "",
+        "## End-to-end latency vs the anchors",
+        "",
+    ]
+    head = ["rate msg/s"]
+    for b in backbones:
+        head.append(f"{b} {pk if b == 'delta' else '(Kafka)'} p50 / p99 (s)")
+    head += [f"anchor commit {pk} p50 / p99 (s)", f"anchor commit {other} p50 / p99 (s)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rate in rates:
+        row = [f"{rate:,}"]
+        for b in backbones:
+            r = by.get((b, rate))
+            row.append(_pair(r["p50"], r["p99"], r["fell_behind"]) if r else "—")
+        for key in (pk, other):
+            a = ANCHORS.get(key, {}).get(rate)
+            row.append(_pair(a[0], a[1], a[2]) if a else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "## All percentiles",
+        "",
+        "| backbone | rate | samples | messages | lost | p50 | p75 | p85 | p95 | p99 | p99.9 "
+        "| max | achieved msg/s | max producer lag s | fell behind |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | {r['samples']:,} | {r['messages']:,} | "
+            f"{r['lost']:,} | "
+            + " | ".join(_f(r[k]) for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max"))
+            + f" | {r['achieved_rate']:,.0f} | {_f(r['max_lag_s'], 3)} | "
+            f"{'yes' if r['fell_behind'] else 'no'} |"
+        )
+    lines += [
+        "",
+        "## Where the time goes (stage medians and p99s, seconds)",
+        "",
+        "Segments: sent → input commit (Delta `_commit_timestamp` of the input version; Kafka "
+        "log-append time) → ETL processed (Pathway `time`) → unified commit (Delta "
+        "`_commit_timestamp`; Kafka log-append time) → seen by the consumer.",
+        "",
+        "| backbone | rate | sent→input commit | input commit→ETL | ETL→unified commit "
+        "| unified commit→seen | end to end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        st = r["stages"]
+        cells = [_pair(st[k]["p50"], st[k]["p99"]) for k in st]
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | "
+            + " | ".join(cells)
+            + f" | {_pair(r['p50'], r['p99'])} |"
+        )
+    lines += ["", "## Run details", ""]
+    for r, d in zip(runs, details, strict=True):
+        lines.append(f"### {r['backbone']} at {r['rate']:,} msg/s")
+        lines.append("")
+        behind = d["behind"]
+        lines.append(
+            f"- fell behind: {'yes' if r['fell_behind'] else 'no'} (quarter medians "
+            f"{behind['quarter_p50_s']} s, p50 trend {behind['p50_slope_s_per_s']} s/s; "
+            f"rule: {behind['rule']})"
+        )
+        if d.get("cpu"):
+            cpu = ", ".join(f"{k} {v}%" for k, v in d["cpu"].items())
+            lines.append(f"- CPU during the load (% of one core): {cpu}")
+        if d.get("lost_examples"):
+            lines.append(f"- **lost messages** (e.g. {', '.join(d['lost_examples'])})")
+        for key in ("checks_failed", "errors"):
+            for item in d.get(key, []):
+                lines.append(f"- **{key.replace('_', ' ')}**: {item}")
+        if d.get("drain"):
+            dr = d["drain"]
+            lines.append(
+                f"- backlog drain ({dr['signal']}): ETL down {dr['down_s']} s, "
+                f"{dr['backlog_messages']:,} messages backlog, peak latency "
+                f"{dr['peak_latency_s']} s, back under {dr['threshold_s']} s after "
+                f"{dr['recovery_s_p99']} s (p99) / {dr['recovery_s_p50']} s (p50)"
+                f" from resumption ({dr['rule']})"
+            )
+        if d.get("soak"):
+            sk = d["soak"]
+            q = "; ".join(
+                f"Q{x['quarter']} {_f(x['p50'])} / {_f(x['p99'])}" for x in sk["quarters"]
+            )
+            lines.append(
+                f"- soak: {sk['maintenance_passes']} maintenance passes; p50 / p99 per quarter: {q}"
+            )
+            if sk.get("tables"):
+                lines.append(f"- tables at the end: {sk['tables']}")
+        plot = plots.get(f"{r['backbone']}-{r['rate']}")
+        if plot:
+            lines += ["", f"![latency over time]({plot})"]
+        lines.append("")
+    if plots.get("rates"):
+        lines += ["## Percentiles versus rate", "", f"![percentiles vs rate]({plots['rates']})", ""]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)

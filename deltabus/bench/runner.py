@@ -1,0 +1,741 @@
+"""Runs the benchmark: per rate and backbone, a fresh lake prefix (or broker), the ETL as
+its own process, open-loop producers, a tailing consumer; then samples, report, plots.
+
+Methodology (as OpenMessagingBenchmark): every message carries its scheduled send time;
+the warm-up is discarded; the report counts exactly the samples taken, and a message
+that was scheduled but never seen is a loss, reported (and the command fails).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltabus.bench.analysis import (
+    SAMPLES_TABLE,
+    analyse,
+    build_samples,
+    delta_inputs,
+    quarter_drift,
+    recovery,
+    samples_connection,
+    write_samples,
+)
+from deltabus.bench.config import BenchConfig
+from deltabus.bench.consumer import DeltaUnifiedConsumer, KafkaUnifiedConsumer, LiveStats
+from deltabus.bench.environment import CpuMeter, child_env, machine_description
+from deltabus.bench.progress import ProgressDisplay
+from deltabus.bench.report import report_json, report_markdown, write_json
+from deltabus.bench.workload import ProducerHandle, ProducerSpec
+from deltabus.errors import DeltabusError
+from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.settings import Settings
+
+log = logging.getLogger("deltabus.bench")
+
+START_DELAY_S = 0.5  # schedule origin this far after every producer reported ready
+MAX_DRAIN_WAIT_FACTOR = 2.0  # after the producers end, wait at most this x duration + 60 s
+
+
+class ChildProcess:
+    """An ETL (or helper) process with its own session, logs in the run directory."""
+
+    def __init__(self, name: str, args: list[str], env: dict, log_dir: Path) -> None:
+        self.name = name
+        self.args = args
+        self.env = env
+        self.stdout_path = log_dir / f"{name}.out"
+        self.stderr_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+
+    def start(self) -> ChildProcess:
+        out = open(self.stdout_path, "ab")  # noqa: SIM115 - owned by the child
+        err = open(self.stderr_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.args, env=self.env, stdout=out, stderr=err, start_new_session=True
+        )
+        out.close()
+        err.close()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_file(self, path: Path, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if not self.alive():
+                status = self.proc.returncode if self.proc else "?"
+                raise DeltabusError(
+                    f"{self.name} exited early with status {status}",
+                    f"see {self.stderr_path}",
+                )
+            if time.monotonic() > deadline:
+                raise DeltabusError(f"{self.name} was not ready after {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)  # type: ignore[union-attr]
+
+    def stop(self, timeout: float = 60) -> int | None:
+        """SIGTERM, then wait; SIGKILL after `timeout`. Returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # in case it was SIGSTOPped
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", self.name, timeout)
+                self.proc.kill()
+                self.proc.wait()
+        self.returncode = self.proc.returncode
+        return self.returncode
+
+    def stdout_json(self) -> dict | None:
+        try:
+            text = self.stdout_path.read_text().strip().splitlines()
+        except OSError:
+            return None
+        for line in reversed(text):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+        return None
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class RunState:
+    """What a run observed, handed from the driving loop to the analysis."""
+
+    backbone: str
+    rate: int
+    start_ms: float = 0.0
+    specs: list[ProducerSpec] = field(default_factory=list)
+    producer_reports: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    drain: dict | None = None
+    maintenance: list[dict] = field(default_factory=list)
+    cpu: dict = field(default_factory=dict)
+    etl_reports: list[dict] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+
+class Bench:
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        settings: Settings,
+        *,
+        minio_pid: int | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.minio_pid = minio_pid
+        self.show_progress = show_progress
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.base_prefix = f"{settings.prefix}/bench/{stamp}-{uuid.uuid4().hex[:4]}"
+        self.out = cfg.out
+        self.work = self.out / "logs"
+        self.machine = machine_description()
+
+    @property
+    def _bench_cpu_name(self) -> str:
+        if self.cfg.producer_mode == "inline":
+            return "bench (consumer + producers)"
+        return "bench (consumer)"
+
+    # -- the whole benchmark -----------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        (self.out / "runs").mkdir(exist_ok=True)
+        log.info(
+            "benchmark: rates %s, %g s (warm-up %g s), commit %s, backbones %s, lake %s",
+            list(self.cfg.rates),
+            self.cfg.duration,
+            self.cfg.warmup,
+            self.cfg.profile,
+            "+".join(self.cfg.backbones),
+            Lake(self.settings.with_prefix(self.base_prefix)).root,
+        )
+        runs, details = [], []
+        for rate in self.cfg.rates:
+            for backbone in self.cfg.backbones:
+                summary, detail = self.run_one(backbone, rate)
+                runs.append(summary)
+                details.append(detail)
+                write_json(self.out / "runs" / f"{backbone}-{rate}.json", detail)
+        return self.write_reports(runs, details)
+
+    def run_one(self, backbone: str, rate: int) -> tuple[dict, dict]:
+        prefix = f"{self.base_prefix}/{backbone}-{rate}"
+        lake = Lake(self.settings.with_prefix(prefix))
+        state = RunState(backbone=backbone, rate=rate)
+        log.info("%s at %s msg/s: lake prefix %s", backbone, f"{rate:,}", prefix)
+        if backbone == "kafka":
+            inputs, seen = self._run_kafka(lake, state)
+        else:
+            inputs, seen = self._run_delta(lake, state)
+        return self._analyse(lake, state, inputs, seen)
+
+    # -- Delta ----------------------------------------------------------------------------
+
+    def _specs(self, backbone: str, rate: int, bootstrap: str = "") -> list[ProducerSpec]:
+        k = self.cfg.producers
+        tag = uuid.uuid4().hex[:6]
+        return [
+            ProducerSpec(
+                backbone=backbone,
+                rate=rate / k,
+                duration=self.cfg.duration,
+                commit_interval=self.cfg.commit_interval,
+                seed=self.cfg.seed + i,
+                run_id=f"b{tag}p{i}",
+                bootstrap=bootstrap,
+            )
+            for i in range(k)
+        ]
+
+    def _etl(self, prefix: str, env: dict, name: str, ready: Path) -> ChildProcess:
+        args = [
+            sys.executable,
+            "-m",
+            "deltabus",
+            "--json",
+            "--prefix",
+            prefix,
+            "etl",
+            "--mode",
+            "continuous",
+            "--commit-interval-ms",
+            str(self.cfg.commit_interval_ms),
+            "--ready-file",
+            str(ready),
+        ]
+        if self.cfg.etl_poll_ms is not None:
+            args += ["--poll-interval-ms", str(self.cfg.etl_poll_ms)]
+        ready.unlink(missing_ok=True)
+        return ChildProcess(name, args, env, self.work).start()
+
+    def _run_delta(self, lake: Lake, state: RunState) -> tuple[pa.Table, pa.Table]:
+        from deltabus.tables import INPUT_SCHEMA, UNIFIED_SCHEMA, ensure_table
+
+        cfg = self.cfg
+        tag = f"delta-{state.rate}"
+        for table in INPUT_TABLES:
+            ensure_table(lake, table, INPUT_SCHEMA)
+        unified = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
+        first_version = unified.version() + 1
+        env = child_env(lake.settings, self.work / "empty.env")
+        ready = self.work / f"{tag}.etl-ready"
+        etl = self._etl(lake.settings.prefix, env, f"{tag}-etl", ready)
+        cpu = CpuMeter()
+        cpu.watch("etl", etl.pid)
+        cpu.watch("minio", self.minio_pid)
+        cpu.watch(self._bench_cpu_name, os.getpid())
+        state.specs = self._specs("delta", state.rate)
+        handles: list[ProducerHandle] = []
+        maint: ChildProcess | None = None
+        stats = LiveStats()
+        consumer = DeltaUnifiedConsumer(lake, cfg.consumer_poll_ms / 1000, stats)
+        etls = [etl]
+        try:
+            handles = [
+                ProducerHandle(s, cfg.producer_mode, env, self.work, lake) for s in state.specs
+            ]
+            t0 = time.monotonic()
+            etl.wait_file(ready)
+            state.timings["etl_ready_s"] = round(time.monotonic() - t0, 2)
+            for h in handles:
+                h.wait_ready()
+            consumer.next_version = first_version
+            consumer.start()
+            consumer.ready.wait(60)
+            if cfg.soak:
+                maint = ChildProcess(
+                    f"{tag}-maintenance",
+                    [
+                        sys.executable,
+                        "-m",
+                        "deltabus.bench.maintenance_loop",
+                        "--interval",
+                        str(cfg.maintenance_interval),
+                        "--retention-hours",
+                        str(max(24.0, cfg.duration / 3600 * 4)),
+                    ],
+                    env,
+                    self.work,
+                ).start()
+                cpu.watch("maintenance", maint.pid)
+
+            def drain(elapsed: float) -> None:
+                self._drain_step(elapsed, state, etls, lake, env, cpu, tag, ready)
+
+            self._drive(
+                state, handles, consumer, stats, cpu, etls, drain if cfg.backlog_drain else None
+            )
+        finally:
+            for h in handles:
+                h.kill()
+            for e in etls:
+                rc = e.stop()
+                report = e.stdout_json()
+                if report:
+                    state.etl_reports.append(report)
+                if rc not in (0, None):
+                    state.errors.append(
+                        f"ETL process {e.name} exited with status {rc}: {e.stderr_tail(5)}"
+                    )
+            consumer.stop()
+            if maint is not None:
+                maint.stop()
+                state.maintenance = _json_lines(maint.stdout_path)
+        if consumer.error is not None:
+            state.errors.append(f"consumer failed: {consumer.error}")
+        return delta_inputs(lake), consumer.table()
+
+    def _drain_step(
+        self,
+        elapsed: float,
+        state: RunState,
+        etls: list[ChildProcess],
+        lake: Lake,
+        env: dict,
+        cpu: CpuMeter,
+        tag: str,
+        ready: Path,
+    ) -> None:
+        """Backlog drain: take the ETL down at drain_at for backlog_drain s, then resume."""
+        cfg = self.cfg
+        d = state.drain
+        if d is None and elapsed >= cfg.drain_at:
+            etl = etls[-1]
+            state.drain = d = {"signal": cfg.drain_signal, "down_ms": time.time() * 1000}
+            log.info("backlog drain: ETL down (%s) for %g s", cfg.drain_signal, cfg.backlog_drain)
+            if cfg.drain_signal == "stop":
+                etl.signal(signal.SIGSTOP)
+            else:
+                cpu.sample("etl")
+                etl.stop()
+            return
+        if d is not None and "resumed_ms" not in d and "resuming" not in d:
+            if time.time() * 1000 - d["down_ms"] < cfg.backlog_drain * 1000:
+                return
+            d["resuming"] = True
+            if cfg.drain_signal == "stop":
+                etls[-1].signal(signal.SIGCONT)
+            else:
+                restart_at = time.monotonic()
+                etl = self._etl(lake.settings.prefix, env, f"{tag}-etl-restarted", ready)
+                etls.append(etl)
+                cpu.watch("etl (restarted)", etl.pid)
+                etl.wait_file(ready)
+                d["restart_ready_s"] = round(time.monotonic() - restart_at, 2)
+            d["resumed_ms"] = time.time() * 1000
+            log.info("backlog drain: ETL resumed")
+
+    # -- Kafka ----------------------------------------------------------------------------
+
+    def _run_kafka(self, lake: Lake, state: RunState) -> tuple[pa.Table, pa.Table]:
+        from deltabus.bench.kafka_broker import KafkaBroker
+        from deltabus.bench.kafka_etl import INPUT_TOPICS, OUTPUT_TOPIC
+
+        cfg = self.cfg
+        tag = f"kafka-{state.rate}"
+        broker = KafkaBroker(self.work / f"{tag}-broker")
+        env = child_env(lake.settings, self.work / "empty.env")
+        cpu = CpuMeter()
+        stats = LiveStats()
+        handles: list[ProducerHandle] = []
+        etl: ChildProcess | None = None
+        consumer: KafkaUnifiedConsumer | None = None
+        t0 = time.monotonic()
+        broker.start()
+        state.timings["broker_start_s"] = round(time.monotonic() - t0, 2)
+        try:
+            broker.create_topics((*INPUT_TOPICS, OUTPUT_TOPIC))
+            cpu.watch("kafka broker", broker.pid)
+            cpu.watch(self._bench_cpu_name, os.getpid())
+            ready = self.work / f"{tag}.etl-ready"
+            ready.unlink(missing_ok=True)
+            group = f"kafka-etl-{uuid.uuid4().hex[:6]}"
+            etl = ChildProcess(
+                f"{tag}-etl",
+                [
+                    sys.executable,
+                    "-m",
+                    "deltabus.bench.kafka_etl",
+                    "--bootstrap",
+                    broker.bootstrap,
+                    "--group",
+                    group,
+                    "--ready-file",
+                    str(ready),
+                ],
+                env,
+                self.work,
+            ).start()
+            cpu.watch("etl", etl.pid)
+            state.specs = self._specs("kafka", state.rate, broker.bootstrap)
+            handles = [ProducerHandle(s, cfg.producer_mode, env, self.work) for s in state.specs]
+            t1 = time.monotonic()
+            etl.wait_file(ready)
+            for topic in INPUT_TOPICS:
+                if not broker.wait_group_stable(f"{group}-{topic}"):
+                    state.notes.append(f"the Kafka ETL was not seen consuming {topic} in 30 s")
+            state.timings["etl_ready_s"] = round(time.monotonic() - t1, 2)
+            for h in handles:
+                h.wait_ready()
+            consumer = KafkaUnifiedConsumer(
+                broker.bootstrap, OUTPUT_TOPIC, cfg.consumer_poll_ms / 1000, stats
+            )
+            consumer.start()
+            consumer.ready.wait(60)
+            self._drive(state, handles, consumer, stats, cpu, [etl], None)
+            inputs = broker.read_inputs(INPUT_TOPICS)
+        finally:
+            for h in handles:
+                h.kill()
+            if etl is not None:
+                rc = etl.stop()
+                if rc not in (0, None, -signal.SIGTERM, 128 + signal.SIGTERM):
+                    state.errors.append(f"Kafka ETL exited with status {rc}: {etl.stderr_tail(5)}")
+            if consumer is not None:
+                consumer.stop()
+            broker.stop()
+        if consumer.error is not None:
+            state.errors.append(f"consumer failed: {consumer.error}")
+        return inputs, consumer.table()
+
+    # -- the measured part, common to both backbones ----------------------------------
+
+    def _drive(
+        self,
+        state: RunState,
+        handles: list[ProducerHandle],
+        consumer,
+        stats: LiveStats,
+        cpu: CpuMeter,
+        etls: list[ChildProcess],
+        drain,
+    ) -> None:
+        cfg = self.cfg
+        total = sum(s.total for s in state.specs)
+        start_us = int((time.time() + START_DELAY_S) * 1_000_000)
+        state.start_ms = start_us / 1000
+        stats.warmup_end_ms = state.start_ms + cfg.warmup * 1000
+        for h in handles:
+            h.start(start_us)
+        started = False
+        with ProgressDisplay(enabled=self.show_progress) as display:
+
+            def show(phase: str) -> None:
+                elapsed = max(0.0, time.time() - start_us / 1e6)
+                produced = sum(int(h.progress.get("messages", 0)) for h in handles)
+                snap = stats.snapshot()
+                display.update(
+                    {
+                        "backbone": state.backbone,
+                        "rate": state.rate,
+                        "phase": phase,
+                        "elapsed": elapsed,
+                        "duration": cfg.duration,
+                        "produced": produced,
+                        "total": total,
+                        "achieved_rate": produced / elapsed if elapsed > 0.5 else 0.0,
+                        "producer_lag_s": max(float(h.progress.get("lag_s", 0)) for h in handles),
+                        "seen": consumer.inserted,
+                        **snap,
+                    }
+                )
+
+            while not all(h.done() for h in handles):
+                now = time.time()
+                if not started and now * 1e6 >= start_us:
+                    cpu.start()
+                    started = True
+                if drain is not None:
+                    drain(now - start_us / 1e6)
+                if not etls[-1].alive() and not (state.drain and "resumed_ms" not in state.drain):
+                    state.errors.append(f"the ETL process died: {etls[-1].stderr_tail(5)}")
+                    break
+                if consumer.error is not None:
+                    break
+                show("producing")
+                time.sleep(0.25)
+            if not started:
+                cpu.start()
+            cpu.stop()
+            state.cpu = cpu.report()
+            state.timings["produce_end_ms"] = time.time() * 1000
+            produce_end = time.monotonic()
+            for h in handles:
+                h.wait(30)
+                if h.error:
+                    state.errors.append(f"producer {h.spec.run_id} failed: {h.error}")
+                if h.report:
+                    state.producer_reports.append(h.report)
+                    if "cpu_s" in h.report and h.report.get("elapsed_s"):
+                        state.cpu[f"producer {h.spec.run_id}"] = round(
+                            100 * h.report["cpu_s"] / h.report["elapsed_s"], 1
+                        )
+            # Wait for the consumer: all messages seen, or no progress for `grace` s.
+            cap = time.monotonic() + MAX_DRAIN_WAIT_FACTOR * cfg.duration + 60
+            while consumer.inserted < total and consumer.error is None:
+                if time.monotonic() - max(consumer.last_progress, produce_end) > cfg.grace:
+                    log.warning("no new rows for %g s: giving up waiting", cfg.grace)
+                    break
+                if time.monotonic() > cap:
+                    log.warning("still missing rows after the wait cap: giving up")
+                    break
+                if not etls[-1].alive():
+                    state.errors.append(f"the ETL process died: {etls[-1].stderr_tail(5)}")
+                    break
+                show("draining")
+                time.sleep(0.25)
+            show("done")
+        state.timings["consumer_done_after_produce_s"] = round(
+            time.time() - state.timings["produce_end_ms"] / 1000, 2
+        )
+
+    # -- analysis and reports ----------------------------------------------------------
+
+    def _analyse(
+        self, lake: Lake, state: RunState, inputs: pa.Table, seen: pa.Table
+    ) -> tuple[dict, dict]:
+        cfg = self.cfg
+        samples, checks = build_samples(inputs, seen)
+        uri = write_samples(lake, samples)
+        con = samples_connection(lake)
+        result = analyse(
+            con,
+            start_ms=state.start_ms,
+            warmup_s=cfg.warmup,
+            duration_s=cfg.duration,
+            interval_s=cfg.interval_s,
+        )
+        # Expected messages from the schedule; lost = expected but never seen.
+        expected = _expected(state.specs, state.start_ms)
+        seen_ids = pl.from_arrow(samples.select(["message"]))
+        missing = expected.join(seen_ids, on="message", how="anti")
+        warm_end = state.start_ms + cfg.warmup * 1000
+        messages = int(expected.filter(pl.col("sent_ms") >= warm_end).height)
+        lost_after = missing.filter(pl.col("sent_ms") >= warm_end)
+        lost_warmup = missing.height - lost_after.height
+        errors = list(state.errors)
+        if lost_after.height or lost_warmup:
+            errors.append(
+                f"{missing.height} message(s) produced but never seen within the grace period "
+                f"({lost_after.height} after the warm-up, {lost_warmup} during it)"
+            )
+        for key in (
+            "duplicate_rows_seen",
+            "seen_but_not_produced",
+            "parsed_timestamp_mismatches",
+            "retractions_seen",
+            "duplicate_inputs",
+        ):
+            if checks[key]:
+                errors.append(f"{key.replace('_', ' ')}: {checks[key]}")
+        if checks["produced_rows"] != expected.height:
+            errors.append(
+                f"the inputs hold {checks['produced_rows']} messages, the schedule "
+                f"{expected.height}"
+            )
+        if not result["first_sent_is_schedule_start"] and result["samples"]:
+            errors.append("the first sample is not the first scheduled message (warm-up shifted)")
+        if result["samples"] != messages - lost_after.height:
+            errors.append(
+                f"samples after warm-up {result['samples']} != messages {messages} - lost "
+                f"{lost_after.height}"
+            )
+        last_commit = (
+            float(pc.max(inputs["input_commit_ms"]).as_py() or 0) if inputs.num_rows else 0.0
+        )
+        span_s = (last_commit - state.start_ms) / 1000
+        achieved = round(inputs.num_rows / span_s, 1) if span_s > 0 else 0.0
+        max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
+        pct = result["percentiles"]
+        summary = {
+            "rate": state.rate,
+            "backbone": state.backbone,
+            "samples": result["samples"],
+            "messages": messages,
+            "lost": int(lost_after.height),
+            **{k: pct[k] for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")},
+            "achieved_rate": achieved,
+            "max_lag_s": round(max_lag, 3),
+            "fell_behind": result["behind"]["fell_behind"],
+            "stages": result["stages"],
+        }
+        detail: dict[str, Any] = {
+            **summary,
+            "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
+            "lake_prefix": lake.settings.prefix,
+            "samples_table": uri,
+            "schedule_start_ms": state.start_ms,
+            "warmup_s": cfg.warmup,
+            "duration_s": cfg.duration,
+            "producers": [vars(s) | {"total": s.total} for s in state.specs],
+            "producer_reports": state.producer_reports,
+            "producer_mode": cfg.producer_mode,
+            "etl_reports": state.etl_reports,
+            "cpu": state.cpu,
+            "timings": state.timings,
+            "samples_including_warmup": result["samples_including_warmup"],
+            "lost_during_warmup": lost_warmup,
+            "lost_examples": missing["message"].head(5).to_list(),
+            "checks": checks,
+            "behind": result["behind"],
+            "errors": errors,
+            "notes": state.notes,
+            "over_time": result["over_time"],
+        }
+        if state.drain and "resumed_ms" in state.drain:
+            d = state.drain
+            detail["drain"] = {
+                "signal": d["signal"],
+                "restart_ready_s": d.get("restart_ready_s"),
+                "down_at_s": round((d["down_ms"] - state.start_ms) / 1000, 2),
+                **recovery(
+                    con,
+                    down_ms=d["down_ms"],
+                    resumed_ms=d["resumed_ms"],
+                    threshold_s=cfg.recovery_threshold,
+                ),
+            }
+        elif cfg.backlog_drain and state.backbone == "delta":
+            errors.append("the backlog drain did not complete (the run ended first)")
+        if cfg.soak and state.backbone == "delta":
+            passes = [m for m in state.maintenance if m.get("event") == "pass"]
+            detail["soak"] = {
+                "maintenance_passes": len(passes),
+                "maintenance_errors": [m for m in state.maintenance if m.get("event") == "error"],
+                "maintenance_at_s": [
+                    round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes
+                ],
+                "maintenance_duration_s": [
+                    round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes
+                ],
+                "quarters": quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration),
+                "tables": _table_sizes(lake),
+            }
+        if errors:
+            for e in errors:
+                log.error("%s at %s msg/s: %s", state.backbone, state.rate, e)
+        log.info(
+            "%s at %s msg/s: %d samples, p50 %.3f s, p99 %.3f s, max %.3f s, lost %d%s",
+            state.backbone,
+            f"{state.rate:,}",
+            summary["samples"],
+            summary["p50"] or 0,
+            summary["p99"] or 0,
+            summary["max"] or 0,
+            summary["lost"],
+            ", FELL BEHIND" if summary["fell_behind"] else "",
+        )
+        return summary, detail
+
+    def write_reports(self, runs: list[dict], details: list[dict]) -> dict[str, Any]:
+        from deltabus.bench.plots import latency_over_time, percentiles_vs_rate
+
+        cfg = self.cfg
+        plots: dict[str, str] = {}
+        for r, d in zip(runs, details, strict=True):
+            name = f"latency-{r['backbone']}-{r['rate']}.png"
+            outage = None
+            if d.get("drain"):
+                dr = d["drain"]
+                outage = (dr["down_at_s"], dr["down_at_s"] + dr["down_s"])
+            latency_over_time(
+                self.out / name,
+                f"{r['backbone']} at {r['rate']:,} msg/s"
+                + (f", commit {cfg.profile}" if r["backbone"] == "delta" else ""),
+                d["over_time"],
+                cfg.warmup,
+                outage=outage,
+                marks=(d.get("soak") or {}).get("maintenance_at_s"),
+            )
+            plots[f"{r['backbone']}-{r['rate']}"] = name
+        percentiles_vs_rate(self.out / "percentiles-vs-rate.png", cfg.profile, runs)
+        plots["rates"] = "percentiles-vs-rate.png"
+        notes = [n for d in details for n in d.get("notes", [])]
+        if any(d["cpu"].get("machine_busy_pct_of_all_cores", 0) > 95 for d in details):
+            notes.append("the machine was CPU-saturated during at least one run (see CPU lines)")
+        report = report_json(cfg.profile, self.machine, cfg.command, runs)
+        write_json(self.out / "report.json", report)
+        (self.out / "report.md").write_text(
+            report_markdown(cfg.profile, self.machine, cfg.command, runs, details, plots, notes)
+        )
+        report["errors"] = [
+            f"{d['backbone']} {d['rate']}: {e}" for d in details for e in d["errors"]
+        ]
+        return report
+
+
+def _expected(specs: list[ProducerSpec], start_ms: float) -> pl.DataFrame:
+    frames = []
+    for s in specs:
+        index = np.arange(s.total, dtype=np.int64)
+        sent_us = np.round(index * (1_000_000.0 / s.rate))
+        frames.append(
+            pl.DataFrame({"i": index, "sent_ms": start_ms + sent_us / 1000}).select(
+                message=pl.lit(f"{s.run_id}-") + pl.col("i").cast(pl.String),
+                sent_ms=pl.col("sent_ms"),
+            )
+        )
+    return pl.concat(frames) if frames else pl.DataFrame({"message": [], "sent_ms": []})
+
+
+def _json_lines(path: Path) -> list[dict]:
+    out = []
+    try:
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def _table_sizes(lake: Lake) -> dict[str, dict]:
+    sizes = {}
+    for table in (*INPUT_TABLES, UNIFIED_TABLE, SAMPLES_TABLE):
+        if lake.exists(table):
+            dt = lake.open(table)
+            sizes[table] = {"version": dt.version(), "files": len(dt.file_uris())}
+    return sizes

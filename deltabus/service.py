@@ -1,0 +1,297 @@
+"""The continuous ETL as a service: started detached, watched, stopped, and its lag.
+
+`deltabus etl --mode continuous` runs until SIGTERM. `EtlService` launches it detached
+(its own session, re-parented away from the launcher, so a short-lived Dagster run can
+start it), keeps a pid file, a log file and a small JSON state under a state directory,
+and tells whether it is alive. `lag(lake)` compares the input tables' latest versions
+with the positions recorded in the unified table's last ETL commit.
+
+The state directory is `$DELTABUS_SERVICE_DIR`, else `$DAGSTER_HOME/../deltabus-service`
+when DAGSTER_HOME is set, else `.deltabus/service` in the working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.tables import find_commit, meta
+
+SERVICE_DIR_VAR = "DELTABUS_SERVICE_DIR"
+DATA_OPERATIONS = ("WRITE", "STREAMING UPDATE", "MERGE")
+
+# Started by a throw-away intermediate process that exits at once, so the service is
+# re-parented (never a zombie of a long-lived launcher) and outlives the launching run.
+_SPAWN = """
+import subprocess, sys
+log = open(sys.argv[1], "ab", buffering=0)
+p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                     start_new_session=True, close_fds=True)
+print(p.pid, flush=True)
+"""
+
+
+def default_state_dir() -> Path:
+    if os.environ.get(SERVICE_DIR_VAR):
+        return Path(os.environ[SERVICE_DIR_VAR]).resolve()
+    if os.environ.get("DAGSTER_HOME"):
+        return (Path(os.environ["DAGSTER_HOME"]).resolve().parent / "deltabus-service").resolve()
+    return Path(".deltabus/service").resolve()
+
+
+@dataclass
+class ServiceStatus:
+    """What a caller needs to know about the service; holds no secret."""
+
+    alive: bool
+    enabled: bool
+    pid: int | None
+    started_at: float | None
+    restarts: int
+    state_dir: str
+    log_file: str
+    command: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class EtlService:
+    """Start, watch and stop one continuous ETL process per state directory."""
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None) -> None:
+        self.state_dir = Path(state_dir).resolve() if state_dir else default_state_dir()
+        self.pid_file = self.state_dir / "etl.pid"
+        self.log_file = self.state_dir / "etl.log"
+        self.state_file = self.state_dir / "service.json"
+
+    # -- state ------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, **updates: Any) -> dict[str, Any]:
+        state = {**self._state(), **updates}
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+        return state
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def status(self) -> ServiceStatus:
+        state = self._state()
+        pid = self.pid()
+        return ServiceStatus(
+            alive=pid is not None and process_alive(pid),
+            enabled=bool(state.get("enabled", False)),
+            pid=pid,
+            started_at=state.get("started_at"),
+            restarts=int(state.get("restarts", 0)),
+            state_dir=str(self.state_dir),
+            log_file=str(self.log_file),
+            command=list(state.get("command", [])),
+        )
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 16_384))
+                text = fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- control ----------------------------------------------------------------------
+
+    @staticmethod
+    def command(prefix: str | None = None, etl_args: Sequence[str] = ()) -> list[str]:
+        glob = ["--prefix", prefix] if prefix else []
+        return [sys.executable, "-m", "deltabus", *glob, "etl", "--mode", "continuous", *etl_args]
+
+    def start(
+        self,
+        env: Mapping[str, str] | None = None,
+        etl_args: Sequence[str] = (),
+        prefix: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> ServiceStatus:
+        """Start the service (a no-op when it is already alive) and mark it enabled.
+
+        `env` (e.g. DELTABUS_* for the lake, with the secret) goes to the process only.
+        """
+        current = self.status()
+        if current.alive:
+            self._save(enabled=True)
+            return self.status()
+        command = self.command(prefix, etl_args)
+        self._save(enabled=True, command=command, restarts=0)
+        self._launch(command, env, cwd)
+        return self.status()
+
+    def restart(
+        self, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+    ) -> ServiceStatus:
+        """Relaunch the recorded command after the process died (enabled services only)."""
+        state = self._state()
+        if not state.get("enabled") or not state.get("command"):
+            raise RuntimeError(f"the ETL service in {self.state_dir} was never started")
+        if self.status().alive:
+            return self.status()
+        self._save(restarts=int(state.get("restarts", 0)) + 1)
+        self._launch(state["command"], env, cwd)
+        return self.status()
+
+    def _launch(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | os.PathLike[str] | None,
+    ) -> int:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting ETL service\n".encode())
+        child_env = {**os.environ, **(env or {})}
+        child_env.setdefault("GX_ANALYTICS_ENABLED", "false")
+        spawner = subprocess.run(
+            [sys.executable, "-c", _SPAWN, str(self.log_file), *command],
+            env=child_env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        pid = int(spawner.stdout.strip().splitlines()[-1])
+        self.pid_file.write_text(str(pid))
+        self._save(started_at=time.time(), pid=pid)
+        return pid
+
+    def stop(self, timeout: float = 30.0) -> ServiceStatus:
+        """Disable the service and stop its process (SIGTERM, then SIGKILL after `timeout`)."""
+        self._save(enabled=False)
+        pid = self.pid()
+        if pid is not None and process_alive(pid):
+            _signal(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if process_alive(pid):
+                _signal(pid, signal.SIGKILL)
+                while process_alive(pid) and time.monotonic() < deadline + 10:
+                    time.sleep(0.1)
+        return self.status()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` is a running (not zombie) `deltabus etl` process."""
+    try:  # reap it if it happens to be our own child
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    proc = Path(f"/proc/{pid}")
+    if proc.parent.is_dir() and Path("/proc/self").exists():
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        state = stat.rsplit(")", 1)[-1].split()[0]
+        if state in ("Z", "X"):
+            return False
+        return b"deltabus" in cmdline and b"etl" in cmdline  # not a recycled pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- lag ------------------------------------------------------------------------------
+
+
+def recorded_positions(lake: Lake) -> tuple[dict[str, int], dict[str, Any] | None]:
+    """Input versions covered by the unified table's last ETL commit, and that commit."""
+    positions = dict.fromkeys(INPUT_TABLES, -1)
+    if not lake.exists(UNIFIED_TABLE):
+        return positions, None
+    info = find_commit(
+        lake.open(UNIFIED_TABLE), lambda c: meta(c, "etl.positions") is not None, limit=1000
+    )
+    if info is not None:
+        positions.update({k: int(v) for k, v in meta(info, "etl.positions").items()})
+    return positions, info
+
+
+def lag(lake: Lake, now: float | None = None) -> dict[str, Any]:
+    """How far the unified table is behind the inputs.
+
+    Per input table: its latest version, the version the ETL has covered, how many data
+    commits (appends; compaction and vacuum commits carry no rows) lie after it, and the
+    age of the oldest of them in seconds. `max_lag_s` is the largest such age.
+    """
+    now = time.time() if now is None else now
+    positions, last_etl = recorded_positions(lake)
+    tables: dict[str, dict[str, Any]] = {}
+    for table in INPUT_TABLES:
+        if not lake.exists(table):
+            continue
+        dt = lake.open(table)
+        latest = dt.version()
+        done = positions.get(table, -1)
+        pending: list[dict[str, Any]] = []
+        if latest > done:
+            history = dt.history(limit=min(latest - done, 1000))
+            pending = [
+                h
+                for h in history
+                if h.get("version", -1) > done and h.get("operation") in DATA_OPERATIONS
+            ]
+        oldest = min((h["timestamp"] for h in pending), default=None)
+        tables[table] = {
+            "latest_version": latest,
+            "processed_version": done,
+            "versions_behind": max(0, latest - done),
+            "data_commits_behind": len(pending),
+            "lag_s": round(max(0.0, now - oldest / 1000), 3) if oldest else 0.0,
+        }
+    return {
+        "tables": tables,
+        "unified_version": lake.open(UNIFIED_TABLE).version()
+        if lake.exists(UNIFIED_TABLE)
+        else None,
+        "last_etl_commit_age_s": round(max(0.0, now - last_etl["timestamp"] / 1000), 3)
+        if last_etl and last_etl.get("timestamp")
+        else None,
+        "data_commits_behind": sum(t["data_commits_behind"] for t in tables.values()),
+        "max_lag_s": max((t["lag_s"] for t in tables.values()), default=0.0),
+    }
