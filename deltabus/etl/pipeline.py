@@ -8,6 +8,7 @@ killed ETL restarted with the same lake produces every message exactly once.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -43,6 +44,8 @@ class EtlConfig:
             raise ConfigError(f"commit interval must be 0.001..60 s, got {self.commit_interval}")
         if not 0.001 <= self.poll_interval <= 60:
             raise ConfigError(f"poll interval must be 0.001..60 s, got {self.poll_interval}")
+        if not 1 <= self.threads <= 64:
+            raise ConfigError(f"threads must be 1..64, got {self.threads}")
         if self.expected_producers < 1:
             raise ConfigError("expected producers must be at least 1")
 
@@ -150,6 +153,7 @@ def run_etl(
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    os.environ["PATHWAY_THREADS"] = str(config.threads)
     started = time.monotonic()
     try:
         pw.run(monitoring_level=pw.MonitoringLevel.NONE)

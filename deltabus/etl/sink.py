@@ -78,6 +78,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         with self._lock:
             self._pending.append((self._cols, dict(self._seen)))
         self._cols = ([], [], [], [])
+        self._wake.set()
 
     def on_end(self) -> None:
         self.on_time_end(0)
@@ -90,16 +91,25 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     # -- committer thread ---------------------------------------------------------------
 
     def _commit_loop(self) -> None:
-        next_due = time.monotonic() + self.commit_interval
+        """Commit as soon as rows are waiting, but at most once per commit interval.
+
+        Waiting for a fixed tick would add half an interval of latency on average; this
+        commits right after data arrives when the stream is sparse and batches a full
+        interval when it is dense.
+        """
+        last_start = float("-inf")
         try:
             while True:
-                self._wake.wait(max(0.0, next_due - time.monotonic()))
+                self._wake.wait()
                 self._wake.clear()
-                next_due = time.monotonic() + self.commit_interval
+                spacing = last_start + self.commit_interval - time.monotonic()
+                if spacing > 0 and not self._closing:
+                    time.sleep(spacing)
                 closing = self._closing
                 with self._lock:
                     pending, self._pending = self._pending, []
                 if pending:
+                    last_start = time.monotonic()
                     self._commit(pending)
                 if closing:
                     return
