@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv minio-bin minio minio-down demo test lint format bench ui clean
+.PHONY: help venv kafka-jars minio-bin minio minio-down dagster-home demo test lint format bench ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,10 +27,28 @@ minio: minio-bin  ## start a local MinIO on loopback and create the bucket (writ
 minio-down:  ## stop the local MinIO
 	$(PY) -m deltabus minio down
 
-demo: minio  ## set everything up and run the main job end to end against MinIO
-	$(PY) -m deltabus demo
+dagster-home:
+	@mkdir -p $(DAGSTER_HOME)
+	@test -f $(DAGSTER_HOME)/dagster.yaml || cp platform/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
-test: venv minio-bin  ## run the test suite (starts its own MinIO)
+demo: minio dagster-home  ## set everything up, run pipeline_job through Dagster against MinIO, print latency + checks
+	@echo "running pipeline_job (log: .deltabus/pipeline_job.log)"
+	@$(PY) -m dagster job execute -m definitions -j pipeline_job > .deltabus/pipeline_job.log 2>&1 \
+	  || { tail -n 40 .deltabus/pipeline_job.log; exit 1; }
+	$(PY) -m assets.report
+
+ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://127.0.0.1:3000
+	$(PY) -m dagster dev -h 127.0.0.1 -p 3000
+
+bench: venv minio-bin kafka-jars  ## latency benchmark sweep on a throwaway MinIO, Kafka side by side; reports in bench-out/
+	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000,30000,70000 --duration 30 --warmup 5 --out bench-out/100ms
+	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,70000,100000,150000 --duration 30 --warmup 5 --out bench-out/1000ms
+	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --backbone both --duration 30 --warmup 5 --out bench-out/kafka
+
+kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabus)
+	bash platform/kafka.sh fetch
+
+test: venv minio-bin kafka-jars  ## run the test suite (starts its own MinIO)
 	$(PY) -m pytest -q
 
 lint: venv  ## ruff lint and format check
@@ -42,4 +60,4 @@ format: venv
 	$(PY) -m ruff format .
 
 clean:
-	rm -rf .deltabus lake results.csv
+	rm -rf .deltabus lake results.csv bench-out artifacts

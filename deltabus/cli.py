@@ -194,6 +194,7 @@ def etl(
     ready_file: Annotated[
         Path | None, typer.Option(help="Create this file once the dataflow is running.")
     ] = None,
+    threads: Annotated[int, typer.Option(help="Pathway worker threads.")] = 1,
 ) -> None:
     """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
     from deltabus.etl.pipeline import EtlConfig, run_etl
@@ -204,6 +205,7 @@ def etl(
         commit_interval=commit_interval_ms / 1000,
         poll_interval=poll_interval_ms / 1000,
         expected_producers=producers,
+        threads=threads,
     )
     lk = lake()
     report = run_etl(lk, config, ready_file=ready_file)

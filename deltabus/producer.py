@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -135,6 +137,32 @@ def build_batches(
     return out
 
 
+MAX_IN_FLIGHT = 3  # commits per table queued behind the one being written
+
+
+class _Progress:
+    """Counts commits as they complete (on the commit threads) and the lag behind schedule."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.written = dict.fromkeys(INPUT_TABLES, 0)
+        self.lag = 0.0
+        self.max_lag = 0.0
+        self._lock = threading.Lock()
+
+    def committed(self, name: str, rows: int, due: float) -> Callable[[Future], None]:
+        def done(job: Future) -> None:
+            if job.exception() is not None:
+                return
+            with self._lock:
+                self.commits += 1
+                self.written[name] += rows
+                self.lag = max(0.0, time.time() - due)
+                self.max_lag = max(self.max_lag, self.lag)
+
+        return done
+
+
 class Producer:
     """Writes the two input tables for one run id."""
 
@@ -142,7 +170,8 @@ class Producer:
         self.lake = lake
         self.config = config
         self.tables: dict[str, DeltaTable] = {}
-        self.pool = ThreadPoolExecutor(max_workers=len(INPUT_TABLES))
+        self.pools = {name: ThreadPoolExecutor(max_workers=1) for name in INPUT_TABLES}
+        self._failed = threading.Event()
 
     def _resume_state(self) -> tuple[dict[str, int], dict[str, int], int | None]:
         """Per table: next message index and next commit sequence; the run's start time."""
@@ -163,6 +192,19 @@ class Producer:
         return next_index, next_seq, start_us
 
     def _commit(
+        self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
+    ) -> None:
+        # Commits queued behind a failed one must not land: the log would then claim
+        # messages up to `hi` while an earlier window is missing.
+        if self._failed.is_set():
+            raise RuntimeError(f"not committing {name} #{seq}: an earlier commit failed")
+        try:
+            self._append(name, batch, seq, hi, start_us, last)
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def _append(
         self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
     ) -> None:
         append_once(
@@ -200,10 +242,10 @@ class Producer:
         if resumed_from:
             log.info("run %s resumes at message %d of %d", cfg.run_id, resumed_from, cfg.total)
         lo = resumed_from
-        commits, written = 0, dict.fromkeys(INPUT_TABLES, 0)
-        max_lag = final_lag = 0.0
+        stats = _Progress()
         last_progress = time.monotonic()
         per_window = cfg.rate * cfg.commit_interval
+        in_flight: dict[str, deque[Future]] = {name: deque() for name in INPUT_TABLES}
         while not finished:
             # The next window closes when its last message comes due (open loop).
             window = math.floor(lo / per_window) + 1
@@ -219,28 +261,33 @@ class Producer:
             batches = build_batches(
                 cfg.run_id, cfg.seed, start_us, cfg.rate, lo, hi, skip_below=next_index
             )
-            futures = []
+            window_due = start + hi / cfg.rate
             for name in INPUT_TABLES:
                 batch = batches[name]
                 if next_index[name] >= hi and not last:
                     continue  # committed before a restart
                 if batch.num_rows == 0 and not last:
                     continue
+                queue = in_flight[name]
+                # Commits of a table run in order on its own thread while the next window
+                # is built; more than MAX_IN_FLIGHT waiting means storage is the bottleneck.
+                while queue and (queue[0].done() or len(queue) >= MAX_IN_FLIGHT):
+                    queue.popleft().result()
                 seq = next_seq[name]
                 next_seq[name] += 1
-                job = self.pool.submit(self._commit, name, batch, seq, hi, start_us, last)
-                futures.append((name, batch.num_rows, job))
-            for name, rows, fut in futures:
-                fut.result()
-                commits += 1
-                written[name] += rows
-            final_lag = max(0.0, time.time() - (start + hi / cfg.rate))
-            max_lag = max(max_lag, final_lag)
+                job = self.pools[name].submit(self._commit, name, batch, seq, hi, start_us, last)
+                job.add_done_callback(stats.committed(name, batch.num_rows, window_due))
+                queue.append(job)
             lo = hi
             finished = last
             if on_progress and (time.monotonic() - last_progress >= 5 or finished):
                 last_progress = time.monotonic()
-                on_progress({"messages": hi, "total": cfg.total, "lag_s": round(final_lag, 3)})
+                on_progress({"messages": hi, "total": cfg.total, "lag_s": round(stats.lag, 3)})
+        for queue in in_flight.values():
+            while queue:
+                queue.popleft().result()
+        commits, written = stats.commits, stats.written
+        max_lag, final_lag = stats.max_lag, stats.lag
         elapsed = time.time() - wall_start
         sent = sum(written.values())
         return ProducerReport(

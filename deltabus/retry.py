@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -37,6 +38,13 @@ TRANSIENT_MARKERS = (
     "request or response body error",
     "xminioservernotinitialized",
     "server not initialized",
+    "could not connect to the endpoint",
+    "connection was closed",
+    "read timeout",
+    "connect timeout",
+    "network_connection",  # pyarrow's S3 client
+    "could not connect to server",
+    "curlcode",
 )
 
 
@@ -79,7 +87,7 @@ def retry_storage(
             attempt += 1
             if also_retry is not None and also_retry(exc) and time.monotonic() < deadline:
                 log.debug("%s: %s; retrying", what, exc)
-                time.sleep(min(0.05, delay) * (1 + attempt % 3))
+                time.sleep(random.uniform(0.001, 0.005 * min(attempt, 10)))
                 continue
             if not is_transient(exc) or time.monotonic() + delay > deadline:
                 raise

@@ -107,9 +107,10 @@ def append_once(
 ) -> bool:
     """Append `data` as commit `seq` of writer `app_id`, exactly once.
 
-    The commit carries the app transaction (app_id, seq). Before every attempt the log
+    The commit carries the app transaction (app_id, seq). Before every retry the log
     is re-read: if (app_id, seq) is already there (an earlier attempt landed but its
-    answer was lost in an outage) nothing is written. delta-rs' own commit retries are
+    answer was lost in an outage) nothing is written. The first attempt skips that
+    round trip: nothing of `seq` can be in the log before it. delta-rs' own commit retries are
     off so that a lost answer can never turn into a second commit of the same rows;
     conflicts with other writers are retried here, after that check. Returns False
     when the commit had already landed.
@@ -120,11 +121,16 @@ def append_once(
         max_commit_retries=0,
     )
 
+    attempts = 0
+
     def attempt() -> bool:
-        dt.update_incremental()
-        done = dt.transaction_version(app_id)
-        if done is not None and done >= seq:
-            return False
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            dt.update_incremental()
+            done = dt.transaction_version(app_id)
+            if done is not None and done >= seq:
+                return False
         write_deltalake(dt, data, mode="append", commit_properties=props)
         return True
 

@@ -260,6 +260,7 @@ def recovery(
     *,
     down_ms: float,
     resumed_ms: float,
+    warmup_end_ms: float,
     threshold_s: float,
     bucket_s: float = 1.0,
 ) -> dict[str, Any]:
@@ -283,26 +284,40 @@ def recovery(
     peak = con.execute(
         f"SELECT max(latency_ms) / 1000 FROM {SAMPLES_TABLE} WHERE seen_ms >= {down_ms}"
     ).fetchall()[0][0]
+    # When was the last message sent before the resumption seen (the backlog drained)?
+    drained = con.execute(
+        f"SELECT (max(seen_ms) - {resumed_ms}) / 1000 FROM {SAMPLES_TABLE} "
+        f"WHERE sent_ms < {resumed_ms}"
+    ).fetchall()[0][0]
+    baseline = con.execute(
+        f"SELECT quantile_cont(latency_ms, 0.99) / 1000 FROM {SAMPLES_TABLE} "
+        f"WHERE sent_ms >= {warmup_end_ms} AND seen_ms < {down_ms}"
+    ).fetchall()[0][0]
 
-    def settle(col: int) -> float | None:
+    def settle(col: int, limit: float) -> float | None:
         at = None
         for row in rows:
-            if row[col] >= threshold_s:
+            if row[col] >= limit:
                 at = None
             elif at is None:
                 at = row[0] * bucket_s
-        return at if at is not None else None
+        return at
 
     return {
         "down_s": _r((resumed_ms - down_ms) / 1000, 3),
         "backlog_messages": int(backlog),
         "peak_latency_s": _r(peak),
+        "backlog_drained_s": _r(drained, 3),
         "threshold_s": threshold_s,
-        "recovery_s_p99": _r(settle(2), 3),
-        "recovery_s_p50": _r(settle(1), 3),
+        "recovery_s_p99": _r(settle(2, threshold_s), 3),
+        "recovery_s_p50": _r(settle(1, threshold_s), 3),
+        "baseline_p99_s": _r(baseline),
+        "recovery_s_to_2x_baseline_p99": _r(settle(2, 2 * baseline), 3) if baseline else None,
         "rule": (
             f"first {bucket_s:g}-s bucket (by seen time) after the ETL resumed from which "
-            f"every later bucket's p99 (p50) stays under {threshold_s:g} s"
+            f"every later bucket's p99 (p50) stays under {threshold_s:g} s (and under twice "
+            "the p99 before the outage); backlog drained = last message sent before the "
+            "resumption seen"
         ),
     }
 

@@ -142,6 +142,7 @@ class DeltaUnifiedConsumer(TailConsumer):
     """Tails `timezone_unified` like the ETL tails its inputs: update_incremental + CDF."""
 
     COLUMNS = ["message", "timestamp", "time", "diff", "_change_type", "_commit_timestamp"]
+    DATA_COLUMNS = ["message", "timestamp", "time", "diff"]
 
     def __init__(self, lake, poll_s: float, stats: LiveStats) -> None:
         super().__init__(poll_s, stats, name="unified-consumer")
@@ -149,6 +150,7 @@ class DeltaUnifiedConsumer(TailConsumer):
         self.dt = None
         self.next_version = 0  # 0: the version after the current one when it starts
         self.versions = 0
+        self._tail = None
 
     def setup(self) -> None:
         from deltabus.lake import UNIFIED_TABLE
@@ -164,29 +166,31 @@ class DeltaUnifiedConsumer(TailConsumer):
         pl.from_arrow(pa.table(warm.read_all()))
 
     def poll_once(self) -> pa.Table | None:
+        from deltabus.lake import UNIFIED_TABLE
         from deltabus.retry import retry_storage
+        from deltabus.tail import DeltaLogTail
 
-        dt = self.dt
-        retry_storage(dt.update_incremental, what="poll timezone_unified")
-        latest = dt.version()
-        if latest < self.next_version:
+        if self._tail is None:
+            self._tail = DeltaLogTail(self.lake, UNIFIED_TABLE, columns=self.DATA_COLUMNS)
+        tail = self._tail
+        # One GET of the next commit file says whether it landed and what it added.
+        parts = []
+        while True:
+            version = self.next_version
+            commit = retry_storage(lambda v=version: tail.commit(v), what="poll timezone_unified")
+            if commit is None:
+                break
+            rows = retry_storage(lambda c=commit: tail.rows(c), what="read timezone_unified")
+            self.next_version += 1
+            self.versions += 1
+            if rows is not None:
+                parts.append(rows)
+        if not parts:
             return None
-        start = self.next_version
-        reader = retry_storage(
-            lambda: dt.load_cdf(
-                starting_version=start, ending_version=latest, columns=self.COLUMNS
-            ),
-            what=f"read timezone_unified {start}-{latest}",
-        )
-        table = pa.table(reader.read_all())
         seen_ms = time.time() * 1000
-        self.next_version = latest + 1
-        self.versions += latest - start + 1
-        if table.num_rows == 0:  # e.g. a compaction commit
-            return None
-        frame = pl.from_arrow(table)
+        frame = pl.from_arrow(pa.concat_tables(parts))
         assert isinstance(frame, pl.DataFrame)
-        frame = frame.filter(pl.col("_change_type") == "insert").select(
+        frame = frame.select(
             message=pl.col("message").cast(pl.String),
             timestamp=pl.col("timestamp").cast(pl.Float64),
             etl_processed_ms=pl.col("time").cast(pl.Float64),

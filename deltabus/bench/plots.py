@@ -79,6 +79,14 @@ def percentiles_vs_rate(path: Path, profile: str, runs: list[dict]) -> Path:
         ax.plot(ar, [anchors[r][1] for r in ar], "x", color="tab:red", label="anchor p99")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ticks = sorted({r["rate"] for r in runs} | set(anchors))
+    ax.set_xticks(ticks, [f"{t / 1000:g}k" if t >= 1000 else str(t) for t in ticks])
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
     ax.set_xlabel("rate (msg/s)")
     ax.set_ylabel("latency (s)")
     ax.set_title(f"latency percentiles vs rate (commit {profile})")

@@ -68,7 +68,7 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def _f(x: float | None, nd: int = 2) -> str:
-    return "—" if x is None else f"{x:.{nd}f}"
+    return "—" if x is None else f"{round(x, nd) + 0.0:.{nd}f}"  # + 0.0: no "-0.00"
 
 
 def _pair(p50: float | None, p99: float | None, behind: bool = False) -> str:
@@ -105,7 +105,9 @@ def report_markdown(
     ]
     head = ["rate msg/s"]
     for b in backbones:
-        head.append(f"{b} {pk if b == 'delta' else '(Kafka)'} p50 / p99 (s)")
+        head.append(
+            f"deltabus commit {pk} p50 / p99 (s)" if b == "delta" else "Kafka p50 / p99 (s)"
+        )
     head += [f"anchor commit {pk} p50 / p99 (s)", f"anchor commit {other} p50 / p99 (s)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rate in rates:
@@ -173,12 +175,16 @@ def report_markdown(
                 lines.append(f"- **{key.replace('_', ' ')}**: {item}")
         if d.get("drain"):
             dr = d["drain"]
+            restart = f", restart took {dr['restart_ready_s']} s" if dr["restart_ready_s"] else ""
             lines.append(
-                f"- backlog drain ({dr['signal']}): ETL down {dr['down_s']} s, "
+                f"- backlog drain ({dr['signal']}): ETL down {dr['down_s']} s{restart}, "
                 f"{dr['backlog_messages']:,} messages backlog, peak latency "
-                f"{dr['peak_latency_s']} s, back under {dr['threshold_s']} s after "
-                f"{dr['recovery_s_p99']} s (p99) / {dr['recovery_s_p50']} s (p50)"
-                f" from resumption ({dr['rule']})"
+                f"{dr['peak_latency_s']} s; backlog drained {dr['backlog_drained_s']} s after "
+                f"the resumption; back under {dr['threshold_s']} s after "
+                f"{dr['recovery_s_p99']} s (p99) / {dr['recovery_s_p50']} s (p50), under twice "
+                f"the pre-outage p99 ({dr['baseline_p99_s']} s) after "
+                f"{dr['recovery_s_to_2x_baseline_p99']} s (None: not within the run. Rule: "
+                f"{dr['rule']})"
             )
         if d.get("soak"):
             sk = d["soak"]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -374,17 +376,18 @@ class Bench:
 
         cfg = self.cfg
         tag = f"kafka-{state.rate}"
-        broker = KafkaBroker(self.work / f"{tag}-broker")
+        # The broker's data is scratch (removed after the run); its log is kept in logs/.
+        broker = KafkaBroker(Path(tempfile.mkdtemp(prefix=f"deltabus-bench-{tag}-")))
         env = child_env(lake.settings, self.work / "empty.env")
         cpu = CpuMeter()
         stats = LiveStats()
         handles: list[ProducerHandle] = []
         etl: ChildProcess | None = None
         consumer: KafkaUnifiedConsumer | None = None
-        t0 = time.monotonic()
-        broker.start()
-        state.timings["broker_start_s"] = round(time.monotonic() - t0, 2)
         try:
+            t0 = time.monotonic()
+            broker.start()
+            state.timings["broker_start_s"] = round(time.monotonic() - t0, 2)
             broker.create_topics((*INPUT_TOPICS, OUTPUT_TOPIC))
             cpu.watch("kafka broker", broker.pid)
             cpu.watch(self._bench_cpu_name, os.getpid())
@@ -435,6 +438,9 @@ class Bench:
             if consumer is not None:
                 consumer.stop()
             broker.stop()
+            if (broker.dir / "kafka.log").is_file():
+                shutil.copyfile(broker.dir / "kafka.log", self.work / f"{tag}-broker.log")
+            shutil.rmtree(broker.dir, ignore_errors=True)
         if consumer.error is not None:
             state.errors.append(f"consumer failed: {consumer.error}")
         return inputs, consumer.table()
@@ -633,6 +639,7 @@ class Bench:
                     con,
                     down_ms=d["down_ms"],
                     resumed_ms=d["resumed_ms"],
+                    warmup_end_ms=state.start_ms + cfg.warmup * 1000,
                     threshold_s=cfg.recovery_threshold,
                 ),
             }

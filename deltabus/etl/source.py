@@ -1,7 +1,8 @@
 """Delta tail source: a Pathway Python connector that reads new Delta versions only.
 
-Each poll asks delta-rs for the table's latest version and reads the rows the new
-versions added through the change data feed (compaction commits add none). Every Delta
+Each poll reads the next commit of the Delta log (deltabus.tail): one GET, which also
+says whether the version has landed; the rows it appended are read from its data files
+(compaction commits add none). Every Delta
 version becomes ONE Pathway row holding the whole batch as a list; the pipeline flattens
 it in Rust. That keeps the per-row Python hop out of the hot path: Python touches a
 batch, not a message.
@@ -25,6 +26,7 @@ from deltabus.etl.validate import split_valid
 from deltabus.lake import Lake
 from deltabus.retry import retry_storage
 from deltabus.tables import meta
+from deltabus.tail import Commit, DeltaLogTail
 
 log = logging.getLogger(__name__)
 
@@ -124,51 +126,65 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             return
         if self.bounded and self.next_version > 0:
             # Finish markers in versions an earlier run already processed still count.
-            self._note_finished(dt, 0, self.next_version - 1)
+            for info in retry_storage(dt.history, what=f"history of {self.table}"):
+                if info.get("version", -1) < self.next_version:
+                    self._note_finished(info)
+        tail = DeltaLogTail(self.lake, self.table)
         while not self.stop.is_set():
-            retry_storage(dt.update_incremental, what=f"poll {self.table}")
-            latest = dt.version()
-            if latest >= self.next_version:
-                end = min(latest, self.next_version + self.max_versions_per_read - 1)
-                self._read_range(dt, self.next_version, end)
-                if self.bounded:
-                    self._note_finished(dt, self.next_version, end)
-                self.next_version = end + 1
-                if end < latest:
-                    continue  # more to read right away
+            commits = self._fetch_available(tail)
+            if commits:
+                self._emit(tail, commits)
+                if len(commits) == self.max_versions_per_read:
+                    continue  # behind: read on right away
             elif self.bounded and len(self.stats.finished_runs) >= self.expected_producers:
-                log.info("input %s finished at version %d", self.table, latest)
+                log.info("input %s finished at version %d", self.table, self.next_version - 1)
                 return
             self.stop.wait(self.poll_interval)
 
-    def _read_range(self, dt: DeltaTable, start: int, end: int) -> None:
-        reader = retry_storage(
-            lambda: dt.load_cdf(starting_version=start, ending_version=end),
-            what=f"read {self.table} versions {start}-{end}",
-        )
-        batch = pa.table(reader.read_all())
-        self.stats.versions += end - start + 1
-        self.stats.latest_version = end
-        if batch.num_rows == 0:
-            return
-        valid, bad = split_valid(batch)
-        if bad.height:
-            self.stats.rejected += bad.height
-            self.rejects.write(self.table, bad)
-        self.stats.rows += valid.height
-        for (version,), part in valid.partition_by(
-            "_commit_version", as_dict=True, maintain_order=True
-        ).items():
-            self.next(
-                rows=list(zip(part["date"].to_list(), part["message"].to_list(), strict=False)),
-                source=self.table,
-                version=int(version),
-            )
+    def _fetch_available(self, tail: DeltaLogTail) -> list[Commit]:
+        """The commits that have landed from `next_version` on (at most a read's worth)."""
+        commits: list[Commit] = []
+        while len(commits) < self.max_versions_per_read:
+            version = self.next_version + len(commits)
+            commit = retry_storage(lambda v=version: tail.commit(v), what=f"poll {self.table}")
+            if commit is None:
+                break
+            commits.append(commit)
+        return commits
 
-    def _note_finished(self, dt: DeltaTable, start: int, end: int) -> None:
+    def _emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
+        """Validate the commits' rows and send one Pathway row per version."""
+        parts = [
+            rows
+            for c in commits
+            if (rows := retry_storage(lambda c=c: tail.rows(c), what=f"read {self.table}"))
+        ]
+        for commit in commits:
+            self._note_finished(commit.info)
+        if parts:
+            batch = (
+                parts[0]
+                if len(parts) == 1
+                else pa.concat_tables(parts, promote_options="permissive")
+            )
+            valid, bad = split_valid(batch)
+            if bad.height:
+                self.stats.rejected += bad.height
+                self.rejects.write(self.table, bad)
+            self.stats.rows += valid.height
+            for (version,), part in valid.partition_by(
+                "_commit_version", as_dict=True, maintain_order=True
+            ).items():
+                self.next(
+                    rows=list(zip(part["date"].to_list(), part["message"].to_list(), strict=True)),
+                    source=self.table,
+                    version=int(version),
+                )
+        self.stats.versions += len(commits)
+        self.next_version = commits[-1].version + 1
+        self.stats.latest_version = commits[-1].version
+
+    def _note_finished(self, info: dict) -> None:
         """Bounded mode: remember which producer runs marked themselves finished."""
-        for info in retry_storage(
-            lambda: dt.history(limit=dt.version() - start + 1), what=f"history of {self.table}"
-        ):
-            if start <= info.get("version", -1) <= end and meta(info, "producer.finished"):
-                self.stats.finished_runs.add(str(meta(info, "producer.run_id")))
+        if meta(info, "producer.finished"):
+            self.stats.finished_runs.add(str(meta(info, "producer.run_id")))

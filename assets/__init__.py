@@ -1,0 +1,31 @@
+"""Dagster assets, asset checks, jobs, sensors and schedules of deltabus."""
+
+from assets.automation import (
+    benchmark_job,
+    etl_service_sensor,
+    hourly_maintenance_schedule,
+    nightly_benchmark_schedule,
+    pipeline_job,
+    unified_checks_job,
+    unified_commits_sensor,
+)
+from assets.benchmark import benchmark_report
+from assets.checks import UNIFIED_CHECKS
+from assets.latency import latency_percentiles, p99_within_limit
+from assets.operations import etl_service_start_job, etl_service_stop_job, maintenance_job
+from assets.tables import produce, results_csv, timezone_unified
+
+ASSETS = [produce, timezone_unified, results_csv, latency_percentiles, benchmark_report]
+ASSET_CHECKS = [*UNIFIED_CHECKS, p99_within_limit]
+JOBS = [
+    pipeline_job,
+    unified_checks_job,
+    benchmark_job,
+    maintenance_job,
+    etl_service_start_job,
+    etl_service_stop_job,
+]
+SENSORS = [unified_commits_sensor, etl_service_sensor]
+SCHEDULES = [nightly_benchmark_schedule, hourly_maintenance_schedule]
+
+__all__ = ["ASSETS", "ASSET_CHECKS", "JOBS", "SCHEDULES", "SENSORS"]

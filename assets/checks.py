@@ -1,0 +1,383 @@
+"""Asset checks on timezone_unified: DuckDB SQL over the Delta tables, and a GX 1.x suite.
+
+Each failing check names what failed in its description and shows examples (rows or
+figures) in its metadata.
+"""
+
+import os
+from typing import Any
+
+import pyarrow as pa
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    MetadataValue,
+    asset_check,
+)
+from dagster_duckdb import DuckDBResource
+
+from assets.common import markdown_table
+from deltabus.lake import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE, Lake
+from deltabus.tables import UNIFIED_SCHEMA, meta
+from resources.duck import delta_views
+from resources.lake import LakeResource
+
+EXAMPLES = 10
+CONTRACT_SQL_TYPES = {
+    "timestamp": "DOUBLE",
+    "message": "VARCHAR",
+    "time": "BIGINT",
+    "diff": "BIGINT",
+}
+RUN_OF_MESSAGE = r"regexp_extract(u.message, '^(.*)-[0-9]+$', 1)"  # message = '<run>-<n>'
+
+
+def _rows(con: Any, sql: str, params: list | None = None) -> list[dict[str, Any]]:
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def _scalar(con: Any, sql: str) -> Any:
+    return con.execute(sql).fetchone()[0]
+
+
+def _examples(rows: list[dict[str, Any]]) -> MetadataValue:
+    return MetadataValue.md(markdown_table(rows))
+
+
+def _missing_unified(lake: Lake) -> AssetCheckResult | None:
+    if lake.exists(UNIFIED_TABLE):
+        return None
+    return AssetCheckResult(
+        passed=False,
+        description=f"no Delta table at {lake.uri(UNIFIED_TABLE)}: materialize timezone_unified",
+    )
+
+
+def _inputs_sql(registered: list[str]) -> str:
+    parts = [
+        f"SELECT message, '{t}' AS source FROM \"{t}\"" for t in INPUT_TABLES if t in registered
+    ]
+    return (
+        " UNION ALL ".join(parts)
+        if parts
+        else "SELECT NULL::VARCHAR AS message, '' AS source WHERE FALSE"
+    )
+
+
+@asset_check(
+    asset=UNIFIED_TABLE,
+    description="Every input message is in timezone_unified (distinct messages = input rows).",
+)
+def no_message_lost(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
+    lk = lake.lake()
+    if (missing := _missing_unified(lk)) is not None:
+        return missing
+    with delta_views(duck, lk, (*INPUT_TABLES, UNIFIED_TABLE)) as con:
+        registered = [
+            r[0]
+            for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()
+        ]
+        con.execute(f"CREATE OR REPLACE TEMP VIEW inputs AS {_inputs_sql(registered)}")
+        input_rows = _scalar(con, "SELECT count(*) FROM inputs")
+        distinct = _scalar(con, f'SELECT count(DISTINCT message) FROM "{UNIFIED_TABLE}"')
+        lost = _scalar(
+            con,
+            f'SELECT count(*) FROM inputs i ANTI JOIN "{UNIFIED_TABLE}" u USING (message)',
+        )
+        lost_examples = _rows(
+            con,
+            f'SELECT i.message, i.source FROM inputs i ANTI JOIN "{UNIFIED_TABLE}" u '
+            f"USING (message) ORDER BY i.message LIMIT {EXAMPLES}",
+        )
+        unexpected = _scalar(
+            con,
+            f'SELECT count(DISTINCT message) FROM "{UNIFIED_TABLE}" u '
+            "ANTI JOIN inputs i USING (message)",
+        )
+    passed = lost == 0 and distinct == input_rows
+    return AssetCheckResult(
+        passed=passed,
+        description=None
+        if passed
+        else f"{lost} of {input_rows} input messages are missing from timezone_unified "
+        f"({distinct} distinct messages there, {unexpected} of them not in the inputs)",
+        metadata={
+            "input_rows": int(input_rows),
+            "unified_distinct_messages": int(distinct),
+            "lost_messages": int(lost),
+            "unexpected_messages": int(unexpected),
+            "lost_examples": _examples(lost_examples),
+        },
+    )
+
+
+@asset_check(asset=UNIFIED_TABLE, description="No message appears twice in timezone_unified.")
+def no_duplicate_message(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
+    lk = lake.lake()
+    if (missing := _missing_unified(lk)) is not None:
+        return missing
+    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW dupes AS
+                SELECT message, count(*) AS copies FROM "{UNIFIED_TABLE}"
+                GROUP BY message HAVING count(*) > 1"""
+        )
+        dupes = _scalar(con, "SELECT count(*) FROM dupes")
+        extra_rows = _scalar(con, "SELECT coalesce(sum(copies - 1), 0) FROM dupes")
+        examples = _rows(con, f"SELECT * FROM dupes ORDER BY copies DESC, message LIMIT {EXAMPLES}")
+    passed = dupes == 0
+    return AssetCheckResult(
+        passed=passed,
+        description=None
+        if passed
+        else f"{dupes} messages are duplicated in timezone_unified ({extra_rows} extra rows)",
+        metadata={
+            "duplicated_messages": int(dupes),
+            "extra_rows": int(extra_rows),
+            "examples": _examples(examples),
+        },
+    )
+
+
+def run_gx_not_null_suite(frame: Any, columns: list[str]) -> list[dict[str, Any]]:
+    """Great Expectations 1.x, ephemeral context, pandas datasource: not-null per column.
+
+    Returns one result per column: column, success, unexpected_count, unexpected_index_list.
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    batch_def = (
+        context.data_sources.add_pandas("deltabus")
+        .add_dataframe_asset(UNIFIED_TABLE)
+        .add_batch_definition_whole_dataframe("whole_table")
+    )
+    suite = context.suites.add(gx.ExpectationSuite(name="timezone_unified_not_null"))
+    for column in columns:
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=column))
+    batch = batch_def.get_batch(batch_parameters={"dataframe": frame})
+    validation = batch.validate(suite, result_format="SUMMARY")
+    out = []
+    for res in validation.results:
+        result = res.result or {}
+        out.append(
+            {
+                "column": res.expectation_config.kwargs.get("column"),
+                "success": bool(res.success),
+                "unexpected_count": int(result.get("unexpected_count") or 0),
+                "unexpected_index_list": list(result.get("partial_unexpected_index_list") or []),
+                "error": (res.exception_info or {}).get("exception_message")
+                if not res.success
+                else None,
+            }
+        )
+    return out
+
+
+@asset_check(
+    asset=UNIFIED_TABLE,
+    description="No null in any column of timezone_unified (Great Expectations suite).",
+)
+def no_nulls(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
+    lk = lake.lake()
+    if (missing := _missing_unified(lk)) is not None:
+        return missing
+    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
+        frame = con.execute(f'SELECT * FROM "{UNIFIED_TABLE}"').df()
+    columns = list(UNIFIED_SCHEMA.names)
+    results = run_gx_not_null_suite(frame, columns)
+    failed = [r for r in results if not r["success"]]
+    example_idx = sorted({i for r in failed for i in r["unexpected_index_list"]})[:EXAMPLES]
+    examples = [
+        {c: (None if _isnull(frame.iloc[i][c]) else frame.iloc[i][c]) for c in frame.columns}
+        for i in example_idx
+        if i < len(frame)
+    ]
+    passed = not failed
+    return AssetCheckResult(
+        passed=passed,
+        description=None
+        if passed
+        else "nulls in "
+        + ", ".join(f"{r['column']} ({r['unexpected_count']} rows)" for r in failed),
+        metadata={
+            "rows": len(frame),
+            **{f"nulls_{r['column']}": r["unexpected_count"] for r in results},
+            "examples": _examples(examples),
+            "validator": "great_expectations (ephemeral context, pandas dataframe)",
+        },
+    )
+
+
+def _isnull(value: Any) -> bool:
+    try:
+        return value is None or value != value  # NaN
+    except (TypeError, ValueError):
+        return False
+
+
+def producer_windows(lake: Lake) -> pa.Table:
+    """Per producer run (from its commit metadata): scheduled first and last send time, ms."""
+    windows: dict[str, tuple[float, float]] = {}
+    for table in INPUT_TABLES:
+        if not lake.exists(table):
+            continue
+        for info in lake.open(table).history():
+            run = meta(info, "producer.run_id")
+            if run is None or run in windows:
+                continue
+            start_ms = int(meta(info, "producer.start_us")) / 1000
+            rate = float(meta(info, "producer.rate"))
+            total = int(meta(info, "producer.total"))
+            windows[str(run)] = (start_ms, start_ms + max(total - 1, 0) * 1000 / rate)
+    return pa.table(
+        {
+            "producer_run": pa.array(list(windows), pa.string()),
+            "start_ms": pa.array([w[0] for w in windows.values()], pa.float64()),
+            "end_ms": pa.array([w[1] for w in windows.values()], pa.float64()),
+        }
+    )
+
+
+@asset_check(
+    asset=UNIFIED_TABLE,
+    description="Every `timestamp` lies inside the time window its producer run scheduled "
+    "(from the producer's commit metadata).",
+)
+def timestamp_in_producer_window(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
+    lk = lake.lake()
+    if (missing := _missing_unified(lk)) is not None:
+        return missing
+    windows = producer_windows(lk)
+    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
+        con.register("producer_windows", windows)
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW outside AS
+                SELECT u.message, u.timestamp,
+                       epoch_ms(TRY_CAST(u.timestamp AS BIGINT))::VARCHAR AS timestamp_utc,
+                       w.producer_run IS NOT NULL AS run_known,
+                       epoch_ms(w.start_ms::BIGINT)::VARCHAR AS window_start_utc,
+                       epoch_ms(w.end_ms::BIGINT)::VARCHAR AS window_end_utc
+                FROM "{UNIFIED_TABLE}" u
+                LEFT JOIN producer_windows w ON w.producer_run = {RUN_OF_MESSAGE}
+                WHERE w.producer_run IS NULL OR u.timestamp IS NULL
+                   OR u.timestamp < w.start_ms - 1 OR u.timestamp > w.end_ms + 1"""
+        )
+        outside = _scalar(con, "SELECT count(*) FROM outside")
+        unknown = _scalar(con, "SELECT count(*) FROM outside WHERE NOT run_known")
+        examples = _rows(con, f"SELECT * FROM outside ORDER BY message LIMIT {EXAMPLES}")
+        total = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}"')
+    passed = outside == 0
+    return AssetCheckResult(
+        passed=passed,
+        description=None
+        if passed
+        else f"{outside} of {total} rows have a timestamp outside their producer run's window"
+        + (f" ({unknown} of them from no known producer run)" if unknown else ""),
+        metadata={
+            "rows": int(total),
+            "rows_outside_window": int(outside),
+            "rows_of_unknown_run": int(unknown),
+            "producer_runs": windows.num_rows,
+            "examples": _examples(examples),
+        },
+    )
+
+
+@asset_check(
+    asset=UNIFIED_TABLE,
+    description="Columns and types match the contract: timestamp double, message string, "
+    "time int64, diff int64 (DuckDB DESCRIBE), and diff is +1 or -1.",
+)
+def schema_matches_contract(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
+    lk = lake.lake()
+    if (missing := _missing_unified(lk)) is not None:
+        return missing
+    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
+        actual = {
+            r["column_name"]: r["column_type"] for r in _rows(con, f'DESCRIBE "{UNIFIED_TABLE}"')
+        }
+        bad_diff = (
+            _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}" WHERE diff NOT IN (1, -1)')
+            if actual.get("diff") == "BIGINT"
+            else 0
+        )
+    problems = []
+    for col, typ in CONTRACT_SQL_TYPES.items():
+        if col not in actual:
+            problems.append({"column": col, "expected": typ, "actual": "missing"})
+        elif actual[col] != typ:
+            problems.append({"column": col, "expected": typ, "actual": actual[col]})
+    for col in actual:
+        if col not in CONTRACT_SQL_TYPES:
+            problems.append({"column": col, "expected": "absent", "actual": actual[col]})
+    if bad_diff:
+        problems.append(
+            {"column": "diff", "expected": "+1 or -1", "actual": f"{bad_diff} other values"}
+        )
+    passed = not problems
+    return AssetCheckResult(
+        passed=passed,
+        description=None
+        if passed
+        else "schema differs from the contract: "
+        + "; ".join(
+            f"{p['column']}: expected {p['expected']}, got {p['actual']}" for p in problems
+        ),
+        metadata={
+            "columns": MetadataValue.md(
+                markdown_table([{"column": c, "type": t} for c, t in actual.items()])
+            ),
+            "problems": _examples(problems),
+        },
+    )
+
+
+@asset_check(
+    asset=UNIFIED_TABLE,
+    description="Rows the ETL could not parse (the rejects table); warns when there are any.",
+)
+def rejects_count(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
+    lk = lake.lake()
+    with delta_views(duck, lk, (REJECTS_TABLE,)) as con:
+        if not lk.exists(REJECTS_TABLE):
+            count, by_reason, examples = 0, [], []
+        else:
+            count = _scalar(con, f'SELECT count(*) FROM "{REJECTS_TABLE}"')
+            by_reason = _rows(
+                con,
+                f'SELECT source_table, reason, count(*) AS rows FROM "{REJECTS_TABLE}" '
+                "GROUP BY ALL ORDER BY rows DESC LIMIT 20",
+            )
+            examples = _rows(
+                con,
+                "SELECT source_table, source_version, message, date, reason "
+                f'FROM "{REJECTS_TABLE}" ORDER BY time DESC LIMIT {EXAMPLES}',
+            )
+    passed = count == 0
+    return AssetCheckResult(
+        passed=passed,
+        severity=AssetCheckSeverity.WARN,
+        description=None if passed else f"{count} input rows were rejected by the ETL",
+        metadata={
+            "rejected_rows": int(count),
+            "by_reason": _examples(by_reason),
+            "examples": _examples(examples),
+        },
+    )
+
+
+UNIFIED_CHECKS = [
+    no_message_lost,
+    no_duplicate_message,
+    no_nulls,
+    timestamp_in_producer_window,
+    schema_matches_contract,
+    rejects_count,
+]

@@ -1,0 +1,35 @@
+"""Small helpers shared by the assets, checks and sensors."""
+
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+# One group for the flow, so the UI shows its whole lineage expanded on one page.
+PIPELINE_GROUP = "pipeline"
+BENCHMARK_GROUP = "benchmark"
+
+
+def table_rows(dt: DeltaTable) -> int:
+    """Rows in the current version, from the Delta log's file statistics (no data read)."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "num_records" not in actions.column_names:
+        return 0
+    return int(pa.compute.sum(actions["num_records"]).as_py() or 0)
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """A GitHub-style Markdown table of `rows` (for MetadataValue.md)."""
+    if not rows:
+        return "_none_"
+    columns = columns or list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")

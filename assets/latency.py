@@ -1,0 +1,197 @@
+"""Latency percentiles of the unified table (DuckDB), a latency-over-time plot, a p99 check."""
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    Config,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+    asset_check,
+)
+from dagster_duckdb import DuckDBResource
+from pydantic import Field
+
+from assets.common import PIPELINE_GROUP, markdown_table
+from deltabus.lake import UNIFIED_TABLE
+from deltabus.latency import PERCENTILES, over_time, percentiles, unified_samples
+from resources.lake import LakeResource
+
+LATENCY_ASSET = "latency_percentiles"
+STAT_NAMES = [*PERCENTILES, "max"]
+# (value column, label) of each row of the percentile table; see docs/dagster.md
+STAGES = [
+    ("latency_ms", "end to end (sent to unified commit)"),
+    ("pickup_ms", "sent to ETL (Pathway time)"),
+    ("commit_ms", "ETL to unified commit"),
+]
+
+
+class LatencyConfig(Config):
+    warmup_s: float = Field(
+        default=1.0, description="Ignore messages sent in the first seconds of the producer run."
+    )
+    scope: str = Field(
+        default="latest_run",
+        description="'latest_run': messages of the newest producer run only; 'all': every row.",
+    )
+    interval_s: float = Field(default=1.0, description="Bucket width of the over-time plot.")
+    plot_dir: str = Field(default="artifacts", description="Where the PNG plot is written.")
+
+
+def _metadata_key(name: str) -> str:
+    return name.replace(".", "_")
+
+
+def plot_over_time(rows: list[dict[str, float]], title: str, path: Path) -> bytes:
+    """p50/p95/p99 per interval as a PNG (matplotlib, no display needed); returns the bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4), dpi=100)
+    ax = fig.add_subplot()
+    t = [r["t_s"] for r in rows]
+    for key, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
+        ax.plot(t, [r[key] for r in rows], style, marker=".", label=key)
+    ax.set_xlabel("send time since the first message (s)")
+    ax.set_ylabel("latency (s)")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    data = buf.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+@asset(
+    name=LATENCY_ASSET,
+    group_name=PIPELINE_GROUP,
+    deps=[UNIFIED_TABLE],
+    kinds={"duckdb", "python"},
+    description="End-to-end latency percentiles (p50 .. p99.9, max; seconds) of the unified "
+    "table's rows after the warm-up, by stage, with a latency-over-time plot.",
+)
+def latency_percentiles(
+    context: AssetExecutionContext, config: LatencyConfig, lake: LakeResource, duck: DuckDBResource
+) -> MaterializeResult:
+    if config.scope not in ("latest_run", "all"):
+        raise Failure(f"scope must be 'latest_run' or 'all', got {config.scope!r}")
+    lk = lake.lake()
+    samples = unified_samples(lk)
+    with duck.get_connection() as con:
+        con.register("unified_samples_arrow", samples)
+        con.execute(
+            """CREATE OR REPLACE TEMP VIEW all_samples AS
+               SELECT *, regexp_extract(message, '^(.*)-[0-9]+$', 1) AS producer_run,
+                      processed_ms - sent_ms AS pickup_ms,
+                      committed_ms - processed_ms AS commit_ms
+               FROM unified_samples_arrow"""
+        )
+        run = None
+        if config.scope == "latest_run":
+            row = con.execute(
+                "SELECT producer_run FROM all_samples ORDER BY sent_ms DESC LIMIT 1"
+            ).fetchone()
+            run = row[0] if row else None
+        where = f"producer_run = {_sql_str(run)}" if run is not None else "TRUE"
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW samples AS SELECT * FROM all_samples WHERE {where}"
+        )
+        stats = {col: percentiles(con, "samples", config.warmup_s, value=col) for col, _ in STAGES}
+        curve = over_time(con, "samples", config.interval_s)
+    e2e = stats["latency_ms"]
+    if not e2e["samples"]:
+        raise Failure(
+            f"no latency samples after the first {config.warmup_s:g}s"
+            + (f" of producer run {run}" if run else ""),
+            metadata={"fix": "lower warmup_s, or produce for longer"},
+        )
+    table = [
+        {"stage": label, "samples": stats[col]["samples"], **{n: stats[col][n] for n in STAT_NAMES}}
+        for col, label in STAGES
+    ]
+    scope = f"producer run {run}" if run else "all rows"
+    png = plot_over_time(
+        curve,
+        f"{UNIFIED_TABLE} latency over time ({scope})",
+        Path(config.plot_dir).resolve() / "latency_over_time.png",
+    )
+    encoded = base64.b64encode(png).decode()
+    context.log.info("latency (s):\n" + markdown_table(table))
+    return MaterializeResult(
+        metadata={
+            "samples": int(e2e["samples"]),
+            **{_metadata_key(n): round(float(e2e[n]), 4) for n in STAT_NAMES},
+            "percentiles": MetadataValue.md(
+                f"Latency in seconds after a {config.warmup_s:g} s warm-up ({scope}).\n\n"
+                + markdown_table(table, ["stage", "samples", *STAT_NAMES])
+            ),
+            "latency_over_time": MetadataValue.md(
+                f"![latency over time](data:image/png;base64,{encoded})"
+            ),
+            "plot_path": MetadataValue.path(
+                str(Path(config.plot_dir).resolve() / "latency_over_time.png")
+            ),
+            "scope": scope,
+            "warmup_s": config.warmup_s,
+        }
+    )
+
+
+def _sql_str(value: Any) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+class LatencyLimitConfig(Config):
+    p99_limit_s: float = Field(
+        default=30.0,
+        description="Fail when the latest p99 end-to-end latency exceeds this many seconds. "
+        "pipeline_job runs the ETL after the producer, so its latency includes the production "
+        "time; against the continuous ETL service ~2 s is a tight limit.",
+    )
+
+
+@asset_check(
+    asset=LATENCY_ASSET,
+    name="p99_within_limit",
+    description="The latest materialization's p99 latency is within the configured limit.",
+)
+def p99_within_limit(
+    context: AssetCheckExecutionContext, config: LatencyLimitConfig
+) -> AssetCheckResult:
+    event = context.instance.get_latest_materialization_event(AssetKey(LATENCY_ASSET))
+    mat = event.asset_materialization if event else None
+    if mat is None or "p99" not in mat.metadata:
+        return AssetCheckResult(
+            passed=False, metadata={"problem": f"{LATENCY_ASSET} has no p99 yet: materialize it"}
+        )
+    p99 = float(mat.metadata["p99"].value)  # type: ignore[arg-type]
+    passed = p99 <= config.p99_limit_s
+    return AssetCheckResult(
+        passed=passed,
+        severity=AssetCheckSeverity.ERROR,
+        description=None
+        if passed
+        else f"p99 latency {p99:.3f}s exceeds the limit of {config.p99_limit_s:g}s",
+        metadata={
+            "p99_s": p99,
+            "limit_s": config.p99_limit_s,
+            "samples": int(mat.metadata["samples"].value) if "samples" in mat.metadata else 0,  # type: ignore[arg-type]
+        },
+    )

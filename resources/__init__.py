@@ -1,0 +1,38 @@
+"""Dagster resources over the deltabus engine: lake storage, MinIO/S3, DuckDB, ETL process.
+
+Every resource resolves the lake from the same settings the engine uses
+(`deltabus.settings.load_settings`: DELTABUS_* variables, MINIO_S3_* aliases, `.env`), so a
+Dagster run, the CLI and the ETL subprocess always agree on where the tables are.
+"""
+
+from __future__ import annotations
+
+from resources.duck import delta_views, duckdb_resource
+from resources.etl import EtlServiceResource, etl_command, pipes_subprocess_client
+from resources.lake import LakeResource
+from resources.s3 import ensure_bucket, list_table_objects, minio_s3_resource
+
+
+def default_resources() -> dict[str, object]:
+    """The resources `definitions.py` binds: everything configured from the environment."""
+    return {
+        "lake": LakeResource(),
+        "s3": minio_s3_resource(),
+        "duck": duckdb_resource(),
+        "pipes_subprocess_client": pipes_subprocess_client(),
+        "etl_service": EtlServiceResource(),
+    }
+
+
+__all__ = [
+    "EtlServiceResource",
+    "LakeResource",
+    "default_resources",
+    "delta_views",
+    "duckdb_resource",
+    "ensure_bucket",
+    "etl_command",
+    "list_table_objects",
+    "minio_s3_resource",
+    "pipes_subprocess_client",
+]

@@ -1,0 +1,27 @@
+"""DuckDB: `dagster_duckdb.DuckDBResource`, plus the lake's Delta tables as views on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import duckdb
+from dagster_duckdb import DuckDBResource
+
+from deltabus.duck import ALL_TABLES, register_delta_views
+from deltabus.lake import Lake
+
+
+def duckdb_resource(database: str = ":memory:") -> DuckDBResource:
+    """In-memory by default: the data stays in Delta; DuckDB only queries it."""
+    return DuckDBResource(database=database)
+
+
+@contextmanager
+def delta_views(
+    duck: DuckDBResource, lake: Lake, tables: tuple[str, ...] = ALL_TABLES
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection where each existing Delta table of `lake` is a view of its name."""
+    with duck.get_connection() as con:
+        register_delta_views(con, lake, tables)
+        yield con

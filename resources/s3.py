@@ -1,0 +1,88 @@
+"""MinIO through `dagster_aws.s3.S3Resource`: bucket bootstrap and object listing.
+
+Credentials are `EnvVar`s, so the UI shows variable names, never values. The engine's
+names (DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY) win; the MINIO_S3_ACCESS_KEY /
+MINIO_S3_SECRET_ACCESS_KEY names of Pathway's example `.env` are used when only they are set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any
+
+from dagster import EnvVar
+from dagster_aws.s3 import S3Resource
+
+ACCESS_KEY_VARS = ("DELTABUS_ACCESS_KEY", "MINIO_S3_ACCESS_KEY")
+SECRET_KEY_VARS = ("DELTABUS_SECRET_KEY", "MINIO_S3_SECRET_ACCESS_KEY")
+ENDPOINT_VAR = "DELTABUS_MINIO_ENDPOINT"
+REGION_VAR = "DELTABUS_REGION"
+DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
+DEFAULT_REGION = "us-east-1"
+DEFAULT_ACCESS_KEY = "deltabus"
+
+
+def _env_var(names: tuple[str, ...]) -> EnvVar | None:
+    """`EnvVar` of the first of `names` that is set in this process, if any."""
+    for name in names:
+        if os.environ.get(name):
+            return EnvVar(name)
+    return None
+
+
+def minio_s3_resource() -> S3Resource:
+    """An `S3Resource` for the lake's MinIO, configured from the environment.
+
+    Endpoint and region fall back to the engine's defaults; without any secret-key
+    variable the resource still names DELTABUS_SECRET_KEY, so a run that needs it fails
+    with Dagster's "environment variable DELTABUS_SECRET_KEY is not set".
+    """
+    endpoint = _env_var((ENDPOINT_VAR,)) or DEFAULT_ENDPOINT
+    return S3Resource(
+        endpoint_url=endpoint,
+        region_name=_env_var((REGION_VAR,)) or DEFAULT_REGION,
+        aws_access_key_id=_env_var(ACCESS_KEY_VARS) or DEFAULT_ACCESS_KEY,
+        aws_secret_access_key=_env_var(SECRET_KEY_VARS) or EnvVar(SECRET_KEY_VARS[0]),
+        use_ssl=not os.environ.get(ENDPOINT_VAR, DEFAULT_ENDPOINT).startswith("http://"),
+        max_attempts=3,
+    )
+
+
+def ensure_bucket(client: Any, bucket: str) -> bool:
+    """Create `bucket` when it does not exist; returns True when it was created."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_bucket(Bucket=bucket)
+        return False
+    except ClientError as exc:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status != 404 and exc.response.get("Error", {}).get("Code") not in (
+            "404",
+            "NoSuchBucket",
+        ):
+            raise
+    try:
+        client.create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in (
+            "BucketAlreadyOwnedByYou",
+            "BucketAlreadyExists",
+        ):
+            raise
+        return False
+    return True
+
+
+def list_table_objects(client: Any, bucket: str, prefix: str) -> dict[str, dict[str, int]]:
+    """Objects and bytes per table directory under `prefix` (data files and Delta log)."""
+    root = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: {"objects": 0, "bytes": 0})
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket, Prefix=root):
+        for obj in page.get("Contents", []):
+            table = obj["Key"][len(root) :].split("/", 1)[0]
+            totals[table]["objects"] += 1
+            totals[table]["bytes"] += int(obj["Size"])
+    return dict(totals)

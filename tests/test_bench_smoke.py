@@ -1,0 +1,173 @@
+"""`deltabus bench` end to end on the real MinIO fixture: a short run, a complete report.
+
+Speed is not asserted (shared 2-core machines); consistency is: every message produced
+after the warm-up is a sample, nothing is lost, percentiles are ordered, the samples are
+stored as a Delta table and the plots are real PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from deltabus.bench.analysis import SAMPLES_TABLE, fell_behind, recovery
+from deltabus.bench.config import parse_profile, parse_rates
+from deltabus.bench.kafka_broker import kafka_script
+from deltabus.bench.report import RUN_KEYS
+from deltabus.errors import ConfigError
+from deltabus.lake import Lake
+from deltabus.latency import percentiles
+from deltabus.local_minio import MinioServer
+from tests.conftest import lake_env, minio_settings_for, run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ORDER = ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")
+STAGES = ("sent_to_input_commit", "input_commit_to_etl", "etl_to_unified_commit")
+
+
+def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) == {"profile", "machine", "command", "runs"}
+    assert report["profile"] == "100ms"
+    assert "cores" in report["machine"] and report["command"].startswith("deltabus bench")
+    assert [r["backbone"] for r in report["runs"]] == list(backbones)
+    for run in report["runs"]:
+        assert tuple(run) == RUN_KEYS
+        assert run["rate"] == rate
+        assert run["messages"] == messages, run
+        assert run["samples"] == run["messages"], run  # every message after warm-up
+        assert run["lost"] == 0, run
+        values = [run[k] for k in ORDER]
+        assert all(isinstance(v, float) and v > 0 for v in values), values
+        assert values == sorted(values), f"percentiles out of order: {values}"
+        assert run["achieved_rate"] > 0
+        assert run["max_lag_s"] >= 0
+        assert isinstance(run["fell_behind"], bool)
+        assert set(run["stages"]) == {*STAGES, "unified_commit_to_seen"}
+        for stage in run["stages"].values():
+            assert stage["p50"] is not None and stage["p99"] is not None
+            assert stage["p50"] <= stage["p99"] + 1e-9
+        # The cumulative stage p50s end at the end-to-end p50.
+        assert run["stages"]["unified_commit_to_seen"]["p50_since_sent"] == pytest.approx(
+            run["p50"], abs=1e-3
+        )
+        png = out / f"latency-{run['backbone']}-{rate}.png"
+        assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
+    png = out / "percentiles-vs-rate.png"
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
+    md = (out / "report.md").read_text()
+    assert "| rate msg/s |" in md and "anchor commit 100ms p50 / p99 (s)" in md
+    assert "Where the time goes" in md
+    return report
+
+
+def test_bench_smoke_delta(minio: MinioServer, tmp_path: Path) -> None:
+    """2000 msg/s for 4 s with 1 s warm-up: 6000 samples, a full report, stored samples."""
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1"]
+    args += ["--profile", "100ms", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    result = run_cli(args, lake_env(lake), tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| 2,000 |" in result.stdout
+    check_report(out, ("delta",), 2000, 6000)
+
+    # The samples are a Delta table under the run's prefix; DuckDB's percentiles over it
+    # (the Dagster asset's SQL) are the report's.
+    detail = json.loads((out / "runs" / "delta-2000.json").read_text())
+    assert detail["errors"] == [] and detail["checks"]["produced_rows"] == 8000
+    run_lake = Lake(lake.settings.with_prefix(detail["lake_prefix"]))
+    assert run_lake.exists(SAMPLES_TABLE)
+    samples = run_lake.open(SAMPLES_TABLE).to_pyarrow_table()
+    assert samples.num_rows == 8000  # warm-up included; the SQL drops it
+    assert samples.column_names == [
+        "message",
+        "sent_ms",
+        "input_commit_ms",
+        "etl_processed_ms",
+        "unified_commit_ms",
+        "seen_ms",
+        "latency_ms",
+    ]
+    con = duckdb.connect()
+    con.register("latency_samples", samples)
+    pct = percentiles(con, "latency_samples", warmup_s=1)
+    assert pct["samples"] == 6000
+    assert pct["p99"] == pytest.approx(detail["p99"], abs=1e-3)
+    # Stage timestamps are in order for every sample.
+    bad = con.execute(
+        """SELECT count(*) FROM latency_samples WHERE NOT (sent_ms <= input_commit_ms + 1
+           AND input_commit_ms <= etl_processed_ms + 1 AND etl_processed_ms <= unified_commit_ms
+           + 1 AND unified_commit_ms <= seen_ms + 1)"""
+    ).fetchall()[0][0]
+    assert bad == 0
+
+
+def kafka_ready() -> bool:
+    if shutil.which("java") is None:
+        return False
+    libs = subprocess.run(["bash", str(kafka_script()), "libs"], capture_output=True, text=True)
+    return libs.returncode == 0
+
+
+@pytest.mark.skipif(not kafka_ready(), reason="needs Java 17 and `platform/kafka.sh fetch`")
+def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
+    """The same workload over a real Kafka broker and Pathway's Kafka connectors."""
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--backbone"]
+    args += ["kafka", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    result = run_cli(args, lake_env(lake), tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_report(out, ("kafka",), 2000, 6000)
+
+
+def test_options_and_fell_behind_rule() -> None:
+    assert parse_rates("10000, 30k") == (10000, 30000)
+    assert parse_profile("1000ms") == 1.0 and parse_profile("100ms") == 0.1
+    for bad in ("", "x", "0"):
+        with pytest.raises(ConfigError):
+            parse_rates(bad)
+    with pytest.raises(ConfigError):
+        parse_profile("fast")
+
+    # Lag growing 0.2 s per second of the run falls behind; a flat one does not.
+    con = duckdb.connect()
+    for slope, expected in ((0.2, True), (0.0, False)):
+        con.execute(
+            f"""CREATE OR REPLACE TABLE {SAMPLES_TABLE} AS
+                SELECT i * 10.0 AS sent_ms, 300 + {slope} * i * 10.0 AS latency_ms
+                FROM range(3000) t(i)"""
+        )
+        series = [
+            {"t_s": float(t), "p50": 0.3 + slope * t, "p95": 0.0, "p99": 0.0, "samples": 100}
+            for t in range(30)
+        ]
+        verdict = fell_behind(con, 0.0, 5.0, 30.0, series)
+        assert verdict["fell_behind"] is expected, verdict
+
+
+def test_backlog_recovery_rule() -> None:
+    """An outage from 10 s to 15 s: the backlog is seen at once at 17 s, then latency is
+    0.3 s again; recovery is measured from the resumption (15 s)."""
+    con = duckdb.connect()
+    con.execute(
+        f"""CREATE TABLE {SAMPLES_TABLE} AS
+            SELECT sent_ms,
+                   CASE WHEN sent_ms >= 10000 AND sent_ms < 17000 THEN 17000.0
+                        ELSE sent_ms + 300 END AS seen_ms
+            FROM (SELECT i * 10.0 AS sent_ms FROM range(3000) t(i))"""
+    )
+    con.execute(f"ALTER TABLE {SAMPLES_TABLE} ADD COLUMN latency_ms DOUBLE")
+    con.execute(f"UPDATE {SAMPLES_TABLE} SET latency_ms = seen_ms - sent_ms")
+    r = recovery(con, down_ms=10000, resumed_ms=15000, warmup_end_ms=2000, threshold_s=1.0)
+    assert r["backlog_messages"] == 500 and r["peak_latency_s"] == pytest.approx(7.0)
+    assert r["backlog_drained_s"] == pytest.approx(2.0)
+    assert r["recovery_s_p99"] == pytest.approx(3.0)  # the 17 s bucket holds the backlog
+    assert r["baseline_p99_s"] == pytest.approx(0.3)

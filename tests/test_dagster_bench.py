@@ -1,0 +1,46 @@
+"""The benchmark asset: `deltabus bench` as a subprocess on MinIO, its report as metadata."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, materialize
+
+from deltabus.lake import Lake
+from tests.conftest import lake_env
+
+
+def test_benchmark_report_materializes_with_percentiles_and_plots(
+    minio_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from assets.benchmark import benchmark_report
+    from resources import default_resources
+
+    for key in list(os.environ):
+        if key.startswith(("DELTABUS_", "MINIO_S3_")):
+            monkeypatch.delenv(key)
+    for key, value in lake_env(minio_lake).items():
+        if key.startswith("DELTABUS_"):
+            monkeypatch.setenv(key, value)
+    config = {"rates": "2000", "duration_s": 3, "warmup_s": 1, "out_dir": str(tmp_path)}
+    result = materialize(
+        [benchmark_report],
+        resources=default_resources(),
+        run_config={"ops": {"benchmark_report": {"config": config}}},
+        instance=DagsterInstance.ephemeral(),
+    )
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("benchmark_report")
+    md = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    # rate, samples after the 1 s warm-up (one more or less at the edge)
+    assert re.search(r"\| 2000 \| (3999|4000|4001) \|", md["results"]), md["results"]
+    assert 0 < md["p99_at_2000"] < 30
+    assert md["fell_behind_at"] == "none"
+    assert "input_commit_to_etl" in md["stages"]
+    assert "data:image/png;base64," in md["plots"]
+    assert Path(md["report"]).is_file()
+    (check,) = result.get_asset_check_evaluations()
+    assert check.check_name == "bench_passed" and check.passed

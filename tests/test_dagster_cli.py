@@ -1,0 +1,87 @@
+"""The Dagster CLI from the repo root, as a user runs it: `dagster job execute -m definitions`,
+`dagster asset materialize -m definitions`, then `python -m assets.report`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from deltabus.lake import Lake
+from tests.conftest import lake_env
+from tests.helpers import assert_exactly_once
+
+REPO = Path(__file__).resolve().parents[1]
+DAGSTER = [sys.executable, "-m", "dagster"]
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: Path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {
+        **lake_env(minio_lake),
+        "DAGSTER_HOME": str(home),
+        "DELTABUS_SERVICE_DIR": str(tmp_path / "service"),
+        "GX_ANALYTICS_ENABLED": "false",
+    }
+    csv = tmp_path / "results.csv"
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "ops": {
+                    "produce": {"config": {"rate": 1000, "duration_s": 2}},
+                    "results_csv": {"config": {"path": str(csv)}},
+                    "latency_percentiles": {
+                        "config": {"warmup_s": 0.5, "plot_dir": str(tmp_path / "plots")}
+                    },
+                }
+            }
+        )
+    )
+    job = run(
+        [*DAGSTER, "job", "execute", "-m", "definitions", "-j", "pipeline_job", "-c", str(config)],
+        env,
+    )
+    assert job.returncode == 0, job.stderr[-4000:]
+    assert 'Finished execution of run for "pipeline_job"' in job.stderr
+    assert "did not pass" not in job.stderr
+    assert_exactly_once(minio_lake, expected=2000)
+    assert csv.read_text().count("\n") == 2001
+    secret = minio_lake.settings.secret_key.get_secret_value()
+    assert secret not in job.stdout + job.stderr
+
+    report = run([sys.executable, "-m", "assets.report"], env, timeout=120)
+    assert report.returncode == 0, report.stdout + report.stderr[-3000:]
+    out = report.stdout
+    assert "pipeline_job run" in out and "SUCCESS" in out
+    # 2000 messages at 1000 msg/s less the 0.5 s warm-up (one more or less at the edge)
+    assert re.search(r"\| end to end \(sent to unified commit\) \| 1(499|500|501) \|", out), out
+    assert "timezone_unified.no_message_lost: passed" in out
+    assert "latency_percentiles.p99_within_limit: passed" in out
+
+    csv.unlink()
+    only_csv = run(
+        [
+            *DAGSTER,
+            "asset",
+            "materialize",
+            "-m",
+            "definitions",
+            "--select",
+            "results_csv",
+            "-c",
+            str(config),
+        ],
+        env,
+    )
+    assert only_csv.returncode == 0, only_csv.stderr[-3000:]
+    assert csv.read_text().count("\n") == 2001

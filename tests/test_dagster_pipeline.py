@@ -1,0 +1,282 @@
+"""The Dagster layer end to end on the real MinIO fixture: the whole asset graph in process
+(the ETL as a real Pipes subprocess), then faults planted in timezone_unified with delta-rs
+and the checks that must name them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, materialize
+from deltalake import write_deltalake
+
+from deltabus.lake import REJECTS_TABLE, UNIFIED_TABLE, Lake
+from deltabus.tables import REJECTS_SCHEMA, ensure_table
+from tests.conftest import lake_env, minio_settings_for
+from tests.helpers import assert_exactly_once
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+RATE, DURATION = 2000, 2.0  # 4000 messages
+
+
+def dagster_env(lake: Lake, tmp: Path) -> dict[str, str]:
+    """The process environment a Dagster run against `lake` sees (resources read it)."""
+    env = lake_env(lake)
+    env["DELTABUS_SERVICE_DIR"] = str(tmp / "service")
+    return env
+
+
+@pytest.fixture(scope="module")
+def module_env(minio_lake_module: Lake, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    tmp = tmp_path_factory.mktemp("dagster")
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(dagster_env(minio_lake_module, tmp))
+    try:
+        yield {"lake": minio_lake_module, "tmp": tmp}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def minio_lake_module(minio) -> Lake:
+    """A fresh prefix on the session's MinIO, shared by this module's tests."""
+    return Lake(minio_settings_for(minio, f"dg-{uuid.uuid4().hex[:10]}"))
+
+
+def run_config(tmp: Path, **latency: object) -> dict:
+    return {
+        "ops": {
+            "produce": {
+                "config": {"rate": RATE, "duration_s": DURATION, "commit_interval_ms": 100}
+            },
+            "results_csv": {"config": {"path": str(tmp / "results.csv")}},
+            "latency_percentiles": {"config": {"warmup_s": 0.5, "plot_dir": str(tmp / "plots")}},
+            **({"latency_percentiles_p99_within_limit": {"config": latency}} if latency else {}),
+        }
+    }
+
+
+@pytest.fixture(scope="module")
+def pipeline(module_env) -> dict:
+    """The full asset graph, materialized once in process against MinIO."""
+    from assets import ASSET_CHECKS
+    from assets.latency import latency_percentiles
+    from assets.tables import produce, results_csv, timezone_unified
+    from resources import default_resources
+
+    tmp = module_env["tmp"]
+    result = materialize(
+        [produce, timezone_unified, results_csv, latency_percentiles, *ASSET_CHECKS],
+        resources=default_resources(),
+        run_config=run_config(tmp),
+        instance=DagsterInstance.ephemeral(),
+    )
+    lake: Lake = module_env["lake"]
+    return {
+        "result": result,
+        "lake": lake,
+        "tmp": tmp,
+        "good_version": lake.open(UNIFIED_TABLE).version(),
+    }
+
+
+def metadata_of(result, asset: str) -> dict:
+    mats = [
+        e.event_specific_data.materialization
+        for e in result.get_asset_materialization_events()
+        if e.event_specific_data.materialization.asset_key == AssetKey(asset)
+    ]
+    assert len(mats) == 1, f"{asset}: {len(mats)} materializations"
+    return {k: getattr(v, "value", v) for k, v in mats[0].metadata.items()}
+
+
+def checks_of(result) -> dict:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_full_graph_materializes_and_every_check_passes(pipeline):
+    result, lake = pipeline["result"], pipeline["lake"]
+    assert result.success
+    total = int(RATE * DURATION)
+    assert_exactly_once(lake, expected=total)
+
+    t1, t2 = metadata_of(result, "timezone1"), metadata_of(result, "timezone2")
+    assert t1["rows_written"] + t2["rows_written"] == total
+    assert t1["table_rows"] == t1["rows_written"] and t1["achieved_rate_msg_s"] > 0
+    assert {"commits_both_tables", "max_lag_s", "delta_version"} <= set(t1)
+
+    unified = metadata_of(result, UNIFIED_TABLE)  # reported by the ETL process through Pipes
+    assert unified["rows"] == total and unified["rejected_rows"] == 0
+    assert unified["delta_version"] == lake.open(UNIFIED_TABLE).version()
+    assert unified["throughput_rows_s"] > 0 and unified["table_rows"] == total
+
+    csv = metadata_of(result, "results_csv")
+    assert csv["rows"] == total
+    assert Path(csv["path"]).read_text().splitlines()[0] == "timestamp,message,time,diff"
+
+    latency = metadata_of(result, "latency_percentiles")
+    assert 0 < latency["samples"] < total  # the warm-up was left out
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["max"]
+    assert "| end to end" in latency["percentiles"] and "p99.9" in latency["percentiles"]
+    assert latency["latency_over_time"].startswith("![latency over time](data:image/png;base64,")
+    assert Path(latency["plot_path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    checks = checks_of(result)
+    assert set(checks) == {
+        "no_message_lost",
+        "no_duplicate_message",
+        "no_nulls",
+        "timestamp_in_producer_window",
+        "schema_matches_contract",
+        "rejects_count",
+        "p99_within_limit",
+    }
+    failed = {n: (c.description, c.metadata) for n, c in checks.items() if not c.passed}
+    assert not failed
+
+
+def test_no_secret_in_events_or_metadata(pipeline):
+    secret = pipeline["lake"].settings.secret_key.get_secret_value()
+    for event in pipeline["result"].all_events:
+        assert secret not in str(event)
+
+
+# -- faults planted in the real unified table ------------------------------------------
+
+
+@pytest.fixture
+def faulty(pipeline) -> Iterator[dict]:
+    """The good lake; afterwards timezone_unified is restored and rejects removed."""
+    lake: Lake = pipeline["lake"]
+    yield pipeline
+    lake.open(UNIFIED_TABLE).restore(pipeline["good_version"])
+    if lake.exists(REJECTS_TABLE):
+        lake.open(REJECTS_TABLE).delete()
+
+
+def run_checks(pipeline, **latency_limit: object) -> dict:
+    from definitions import build_definitions
+    from resources import default_resources
+
+    job = build_definitions(default_resources()).resolve_job_def("unified_checks_job")
+    config = run_config(pipeline["tmp"], **latency_limit)
+    config["ops"] = {k: v for k, v in config["ops"].items() if k not in ("produce", "results_csv")}
+    result = job.execute_in_process(
+        run_config=config, instance=DagsterInstance.ephemeral(), raise_on_error=True
+    )
+    return checks_of(result)
+
+
+def md(check, key: str) -> object:
+    return getattr(check.metadata[key], "value", check.metadata[key])
+
+
+def unified_rows(lake: Lake) -> pa.Table:
+    return lake.open(UNIFIED_TABLE).to_pyarrow_table()
+
+
+def test_deleted_rows_are_reported_lost(faulty):
+    lake = faulty["lake"]
+    victims = sorted(unified_rows(lake)["message"].to_pylist())[:3]
+    lake.open(UNIFIED_TABLE).delete(" OR ".join(f"message = '{m}'" for m in victims))
+    checks = run_checks(faulty)
+    lost = checks["no_message_lost"]
+    assert not lost.passed and lost.severity == AssetCheckSeverity.ERROR
+    assert md(lost, "lost_messages") == 3
+    assert "3 of 4000 input messages are missing" in lost.description
+    for m in victims:
+        assert m in md(lost, "lost_examples")
+    assert checks["no_duplicate_message"].passed and checks["no_nulls"].passed
+
+
+def test_duplicated_rows_are_reported(faulty):
+    lake = faulty["lake"]
+    rows = unified_rows(lake).slice(0, 2)
+    write_deltalake(
+        lake.uri(UNIFIED_TABLE), rows, mode="append", storage_options=lake.storage_options
+    )
+    checks = run_checks(faulty)
+    dup = checks["no_duplicate_message"]
+    assert not dup.passed
+    assert md(dup, "duplicated_messages") == 2 and md(dup, "extra_rows") == 2
+    assert "2 messages are duplicated" in dup.description
+    for m in rows["message"].to_pylist():
+        assert m in md(dup, "examples")
+    assert checks["no_message_lost"].passed  # nothing is missing
+
+
+def test_corrupted_rows_fail_nulls_and_time_window(faulty):
+    lake = faulty["lake"]
+    table = unified_rows(lake)
+    victim, shifted = table["message"][0].as_py(), table["message"][1].as_py()
+    dt = lake.open(UNIFIED_TABLE)
+    dt.update(predicate=f"message = '{victim}'", updates={"timestamp": "NULL"})
+    dt = lake.open(UNIFIED_TABLE)
+    dt.update(predicate=f"message = '{shifted}'", updates={"timestamp": "timestamp + 86400000"})
+    checks = run_checks(faulty)
+
+    nulls = checks["no_nulls"]
+    assert not nulls.passed
+    assert "timestamp (1 rows)" in nulls.description
+    assert md(nulls, "nulls_timestamp") == 1 and md(nulls, "nulls_message") == 0
+    assert victim in md(nulls, "examples")
+
+    window = checks["timestamp_in_producer_window"]
+    assert not window.passed
+    assert md(window, "rows_outside_window") == 2  # the shifted row and the null one
+    assert shifted in md(window, "examples")
+    assert checks["no_message_lost"].passed and checks["schema_matches_contract"].passed
+
+
+def test_schema_drift_is_reported(faulty):
+    lake = faulty["lake"]
+    extra = unified_rows(lake).slice(0, 1)
+    extra = extra.append_column("note", pa.array(["drift"], pa.string()))
+    extra = extra.set_column(1, "message", pa.array(["drift-0"], pa.string()))
+    write_deltalake(
+        lake.uri(UNIFIED_TABLE),
+        extra,
+        mode="append",
+        schema_mode="merge",
+        storage_options=lake.storage_options,
+    )
+    checks = run_checks(faulty)
+    schema = checks["schema_matches_contract"]
+    assert not schema.passed
+    assert "note: expected absent, got VARCHAR" in schema.description
+    assert not checks["timestamp_in_producer_window"].passed  # drift-0 is no producer's
+
+
+def test_rejects_warn_and_latency_limit_fails(faulty):
+    lake = faulty["lake"]
+    ensure_table(lake, REJECTS_TABLE, REJECTS_SCHEMA)
+    bad = pa.table(
+        {
+            "date": ["not a date"],
+            "message": ["bad-1"],
+            "raw": ['{"date": "not a date"}'],
+            "source_table": ["timezone1"],
+            "source_version": [3],
+            "reason": ["unparsable date"],
+            "time": [0],
+        },
+        schema=REJECTS_SCHEMA,
+    )
+    write_deltalake(
+        lake.uri(REJECTS_TABLE), bad, mode="append", storage_options=lake.storage_options
+    )
+    checks = run_checks(faulty, p99_limit_s=0.001)
+    rejects = checks["rejects_count"]
+    assert not rejects.passed and rejects.severity == AssetCheckSeverity.WARN
+    assert md(rejects, "rejected_rows") == 1 and "unparsable date" in md(rejects, "by_reason")
+    p99 = checks["p99_within_limit"]
+    assert not p99.passed and "exceeds the limit of 0.001s" in p99.description
+    assert md(p99, "p99_s") > 0.001
+    assert all(checks[n].passed for n in ("no_message_lost", "no_duplicate_message", "no_nulls"))

@@ -1,0 +1,196 @@
+"""Sensors against real Delta tables on MinIO, and the continuous ETL service they watch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from dagster import (
+    DagsterInstance,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+    materialize,
+)
+from deltalake import CommitProperties, write_deltalake
+
+from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.producer import Producer, ProducerConfig
+from deltabus.service import EtlService, lag, process_alive
+from deltabus.tables import UNIFIED_SCHEMA, ensure_table, metadata
+from tests.conftest import lake_env
+from tests.helpers import assert_exactly_once, read_unified
+
+
+@pytest.fixture
+def env(minio_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Point the resources (which read the environment) at a fresh MinIO prefix."""
+    for key in list(os.environ):
+        if key.startswith(("DELTABUS_", "MINIO_S3_", "AWS_")):
+            monkeypatch.delenv(key)
+    for key, value in lake_env(minio_lake).items():
+        if key.startswith("DELTABUS_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("DELTABUS_SERVICE_DIR", str(tmp_path / "service"))
+    return {"lake": minio_lake, "tmp": tmp_path}
+
+
+def produce(lake: Lake, count: int, run_id: str, rate: float = 5000) -> None:
+    report = Producer(
+        lake, ProducerConfig(rate=rate, count=count, commit_interval=0.1, run_id=run_id)
+    ).run()
+    assert report.messages == count
+
+
+def unified_commit(lake: Lake, messages: list[str], positions: dict[str, int]) -> None:
+    """A commit shaped like the ETL's: rows plus the input positions it covers."""
+    dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
+    rows = pa.table(
+        {
+            "timestamp": [1.0e12] * len(messages),
+            "message": messages,
+            "time": [1] * len(messages),
+            "diff": [1] * len(messages),
+        },
+        schema=UNIFIED_SCHEMA,
+    )
+    write_deltalake(
+        dt,
+        rows,
+        mode="append",
+        commit_properties=CommitProperties(
+            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": 0})
+        ),
+    )
+
+
+def resources() -> dict:
+    from resources import default_resources
+
+    return default_resources()
+
+
+def test_unified_commits_sensor_follows_the_delta_version(env):
+    from assets.automation import unified_checks_job, unified_commits_sensor
+
+    lake: Lake = env["lake"]
+    assert unified_commits_sensor.job_name == unified_checks_job.name
+    first = unified_commits_sensor(build_sensor_context(resources=resources()))
+    assert isinstance(first, SkipReason) and "no table" in first.skip_message
+
+    unified_commit(lake, ["a-0", "a-1", "a-2"], {"timezone1": 0})
+    version = lake.open(UNIFIED_TABLE).version()
+    result = unified_commits_sensor(build_sensor_context(resources=resources()))
+    assert isinstance(result, SensorResult)
+    assert result.cursor == str(version)
+    assert [r.run_key for r in result.run_requests] == [f"{lake.root}@{version}"]
+    (obs,) = result.asset_events
+    assert obs.asset_key.to_user_string() == UNIFIED_TABLE
+    assert obs.metadata["delta_version"].value == version
+    assert obs.metadata["rows"].value == 3
+
+    same = unified_commits_sensor(build_sensor_context(cursor=result.cursor, resources=resources()))
+    assert isinstance(same, SkipReason) and f"since version {version}" in same.skip_message
+
+    unified_commit(lake, ["a-3"], {"timezone1": 1})
+    newer = unified_commits_sensor(
+        build_sensor_context(cursor=result.cursor, resources=resources())
+    )
+    assert isinstance(newer, SensorResult)
+    assert newer.cursor == str(version + 1)
+    assert newer.asset_events[0].metadata["rows"].value == 4
+    assert newer.asset_events[0].metadata["previous_version"].value == version
+
+
+def test_lag_counts_data_commits_after_the_recorded_positions(env):
+    lake: Lake = env["lake"]
+    produce(lake, 1000, "lagrun")
+    latest = {t: lake.open(t).version() for t in INPUT_TABLES}
+    before = lag(lake)
+    assert before["unified_version"] is None
+    assert all(t["processed_version"] == -1 for t in before["tables"].values())
+    assert before["data_commits_behind"] > 0 and before["max_lag_s"] >= 0
+
+    unified_commit(lake, ["x-0"], {"timezone1": latest["timezone1"], "timezone2": 0})
+    lake.open("timezone1").optimize.compact()  # a commit without new rows
+    lake.open("timezone2").optimize.compact()
+    after = lag(lake, now=time.time() + 10)
+    done = after["tables"]["timezone1"]
+    assert done["versions_behind"] == 1 and done["data_commits_behind"] == 0
+    assert done["lag_s"] == 0.0
+    behind = after["tables"]["timezone2"]
+    assert behind["versions_behind"] == latest["timezone2"] + 1  # appends 1.. and the compaction
+    assert behind["data_commits_behind"] == latest["timezone2"]
+    assert behind["lag_s"] >= 10
+    assert after["max_lag_s"] == behind["lag_s"]
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def caught_up(lake: Lake, rows: int) -> bool:
+    return lake.exists(UNIFIED_TABLE) and read_unified(lake).height >= rows
+
+
+def test_service_is_started_watched_relaunched_and_stopped(env):
+    from assets.automation import etl_service_sensor
+    from definitions import build_definitions
+
+    lake: Lake = env["lake"]
+    service = EtlService(env["tmp"] / "service")
+    defs = build_definitions(resources())
+    instance = DagsterInstance.ephemeral()
+
+    def sensor_events() -> dict:
+        result = etl_service_sensor(build_sensor_context(resources=resources()))
+        assert isinstance(result, SensorResult), result
+        return {k: v.value for k, v in result.asset_events[0].metadata.items()}
+
+    produce(lake, 1000, "svc1")
+    try:
+        start = defs.resolve_job_def("etl_service_start_job").execute_in_process(instance=instance)
+        assert start.success
+        status = service.status()
+        assert status.alive and status.enabled and status.pid
+        assert str(lake.settings.secret_key.get_secret_value()) not in " ".join(status.command)
+        wait_until(lambda: caught_up(lake, 1000), 60, "the service to process 1000 rows")
+        wait_until(lambda: lag(lake)["data_commits_behind"] == 0, 30, "positions to catch up")
+        from assets.tables import timezone_unified
+
+        clash = materialize(
+            [timezone_unified], resources=resources(), instance=instance, raise_on_error=False
+        )
+        assert not clash.success  # a bounded ETL next to the running service is refused
+        (failure,) = [e for e in clash.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert "continuous ETL service is running" in str(failure.step_failure_data.error)
+
+        seen = sensor_events()
+        assert seen["service_alive"] and not seen["service_restarted"]
+        assert seen["data_commits_behind"] == 0 and seen["max_lag_s"] == 0.0
+
+        os.kill(status.pid, signal.SIGKILL)  # the service dies
+        wait_until(lambda: not process_alive(status.pid), 10, "the killed service to be gone")
+        relaunch = sensor_events()
+        assert relaunch["service_restarted"] and relaunch["service_restarts"] == 1
+        assert service.status().alive and service.status().pid != status.pid
+
+        produce(lake, 1000, "svc2")
+        wait_until(lambda: caught_up(lake, 2000), 60, "the relaunched service to catch up")
+        assert_exactly_once(lake, expected=2000)  # it resumed where the commits ended
+
+        stop = defs.resolve_job_def("etl_service_stop_job").execute_in_process(instance=instance)
+        assert stop.success
+        assert not service.status().alive and not service.status().enabled
+        idle = sensor_events()
+        assert not idle["service_alive"] and not idle["service_restarted"]  # stopped on purpose
+        assert "starting ETL service" in service.log_tail(200)
+    finally:
+        service.stop(timeout=10)
