@@ -17,6 +17,14 @@ from typing import TypeVar
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+PERMANENT_MARKERS = (
+    "invalidaccesskeyid",
+    "signaturedoesnotmatch",
+    "nosuchbucket",
+    "access denied",
+    "accessdenied",
+)
+
 TRANSIENT_MARKERS = (
     "connection refused",
     "error sending request",
@@ -45,6 +53,7 @@ TRANSIENT_MARKERS = (
     "network_connection",  # pyarrow's S3 client
     "could not connect to server",
     "curlcode",
+    "http status 499",
 )
 
 
@@ -53,8 +62,12 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionError | TimeoutError):
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
-    if any(s in text for s in ("invalidaccesskeyid", "signaturedoesnotmatch", "nosuchbucket")):
+    if any(s in text for s in PERMANENT_MARKERS):
         return False
+    if "aws error" in text:
+        # pyarrow's S3 client: anything but the permanent errors above is the server or
+        # the network (it reports a server going down as UNKNOWN, HTTP 499 or 503).
+        return True
     return any(marker in text for marker in TRANSIENT_MARKERS)
 
 

@@ -183,3 +183,29 @@ def test_secret_never_appears_in_output(minio_lake: Lake, tmp_path: Path) -> Non
     assert secret not in text
     assert secret not in repr(minio_lake.settings) and secret not in str(minio_lake.settings)
     assert secret not in (tmp_path / "r.csv").read_text()
+
+
+@pytest.mark.parametrize(
+    ("message", "transient"),
+    [
+        ("Generic S3 error: error sending request for url (http://127.0.0.1:1/x)", True),
+        (
+            "When reading information for key 'k': AWS Error NETWORK_CONNECTION during "
+            "HeadObject operation: curlCode: 7, Could not connect to server",
+            True,
+        ),
+        (
+            "When reading information for key 'k': AWS Error UNKNOWN (HTTP status 499) during "
+            "HeadObject operation: No response body.",
+            True,
+        ),
+        ("Service Unavailable (503): XMinioServerNotInitialized", True),
+        ("AWS Error ACCESS_DENIED during GetObject operation: Access Denied", False),
+        ("S3 error: SignatureDoesNotMatch", False),
+        ("Schema error: Cannot cast schema, number of fields does not match", False),
+    ],
+)
+def test_transient_errors_are_told_from_permanent_ones(message: str, transient: bool) -> None:
+    from deltabus.retry import is_transient
+
+    assert is_transient(OSError(message)) is transient
