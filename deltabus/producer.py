@@ -26,6 +26,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus.errors import ConfigError
+from deltabus.gctune import tune_gc_for_streaming
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
 from deltabus.retry import retry_storage
 from deltabus.tables import INPUT_SCHEMA, append_once, ensure_table, find_commit, meta, metadata
@@ -233,6 +234,7 @@ class Producer:
                 lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"
             )
         next_index, next_seq, start_us = self._resume_state()
+        tune_gc_for_streaming()
         resumed_from = min(next_index.values())
         finished = all(i >= cfg.total for i in next_index.values()) and resumed_from > 0
         wall_start = time.time()

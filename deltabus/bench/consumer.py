@@ -98,8 +98,11 @@ class TailConsumer(threading.Thread):
         raise NotImplementedError
 
     def run(self) -> None:
+        from deltabus.gctune import tune_gc_for_streaming
+
         try:
             self.setup()
+            tune_gc_for_streaming()
             self.ready.set()
             while not self.stop_event.is_set():
                 batch = self.poll_once()

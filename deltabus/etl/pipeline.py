@@ -21,6 +21,7 @@ from deltabus.errors import ConfigError
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.sink import ETL_APP_ID, DeltaSinkObserver
 from deltabus.etl.source import BatchSchema, DeltaTailSubject
+from deltabus.gctune import tune_gc_for_streaming
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 from deltabus.retry import retry_storage
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table, find_commit, meta
@@ -154,6 +155,7 @@ def run_etl(
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     os.environ["PATHWAY_THREADS"] = str(config.threads)
+    tune_gc_for_streaming()
     started = time.monotonic()
     try:
         pw.run(monitoring_level=pw.MonitoringLevel.NONE)

@@ -45,6 +45,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     ) -> None:
         self.dt = dt
         self.commit_interval = commit_interval
+        self.linger = min(0.015, commit_interval * 0.15)
         self.positions = dict(positions)  # highest input version fully delivered
         self.seq = next_seq
         self.stats = SinkStats(version=dt.version())
@@ -102,9 +103,11 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             while True:
                 self._wake.wait()
                 self._wake.clear()
-                spacing = last_start + self.commit_interval - time.monotonic()
-                if spacing > 0 and not self._closing:
-                    time.sleep(spacing)
+                # Linger briefly so that rows arriving together (both inputs commit at
+                # about the same moment) share one commit, then keep the spacing.
+                wait = max(self.linger, last_start + self.commit_interval - time.monotonic())
+                if not self._closing:
+                    time.sleep(wait)
                 closing = self._closing
                 with self._lock:
                     pending, self._pending = self._pending, []
