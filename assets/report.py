@@ -28,6 +28,26 @@ def report(job: str, instance: DagsterInstance) -> int:
     for record in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
         mat = record.dagster_event.event_specific_data.materialization  # type: ignore[union-attr]
         materializations[mat.asset_key.to_user_string()] = mat.metadata
+    produced = [
+        int(_value(materializations[t]["rows_written"]))  # type: ignore[arg-type]
+        for t in ("timezone1", "timezone2")
+        if t in materializations
+    ]
+    unified = materializations.get("timezone_unified")
+    record = instance.get_run_record_by_id(run.run_id)
+    elapsed = (
+        record.end_time - record.start_time
+        if record and record.start_time and record.end_time
+        else None
+    )
+    print("\nsummary:")
+    if produced:
+        print(f"  messages produced   {sum(produced)}")
+    if unified and "rows" in unified:
+        print(f"  unified rows        {_value(unified['rows'])} (this run's ETL)")
+        print(f"  rejected rows       {_value(unified.get('rejected_rows', 0))}")
+    if elapsed is not None:
+        print(f"  elapsed             {elapsed:.1f} s (whole run)")
     latency = materializations.get("latency_percentiles")
     if latency:
         print("\n" + str(_value(latency["percentiles"])))

@@ -63,6 +63,9 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
     assert report.returncode == 0, report.stdout + report.stderr[-3000:]
     out = report.stdout
     assert "pipeline_job run" in out and "SUCCESS" in out
+    assert re.search(r"messages produced\s+2000\n", out), out
+    assert re.search(r"unified rows\s+2000 ", out), out
+    assert re.search(r"elapsed\s+\d+\.\d s", out), out
     # 2000 messages at 1000 msg/s less the 0.5 s warm-up (one more or less at the edge)
     assert re.search(r"\| end to end \(sent to unified commit\) \| 1(499|500|501) \|", out), out
     assert "timezone_unified.no_message_lost: passed" in out
