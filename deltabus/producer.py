@@ -182,13 +182,18 @@ class Producer:
             if seq is None:
                 next_index[name], next_seq[name] = 0, 0
                 continue
+            next_seq[name] = seq + 1
+            index = dt.transaction_version(f"{self.config.app_id}:next_index")
+            start = dt.transaction_version(f"{self.config.app_id}:start_us")
+            if index is not None and start is not None:
+                next_index[name], start_us = index, start
+                continue
             info = find_commit(
                 dt, lambda c: meta(c, "producer.run_id") == self.config.run_id, limit=500
             )
             if info is None:  # marker without metadata: cannot happen for our commits
                 raise ConfigError(f"table {name} has run {self.config.run_id} but no metadata")
             next_index[name] = int(meta(info, "producer.next_index"))
-            next_seq[name] = seq + 1
             start_us = int(meta(info, "producer.start_us"))
         return next_index, next_seq, start_us
 
@@ -225,6 +230,10 @@ class Producer:
                 }
             ),
             what=f"commit to {name}",
+            markers={
+                f"{self.config.app_id}:next_index": hi,
+                f"{self.config.app_id}:start_us": start_us,
+            },
         )
 
     def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     bucket: str = "deltabus"
     region: str = "us-east-1"
     prefix: str = "lake"
+    # Seconds of Delta log kept behind the last checkpoint in tables deltabus creates;
+    # None keeps Delta's default (30 days). Tailing readers must never lag more than this.
+    log_retention_s: int | None = Field(None, ge=10)
 
     @field_validator("prefix")
     @classmethod

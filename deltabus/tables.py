@@ -41,6 +41,17 @@ TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
 META_PREFIX = "deltabus."
 
 
+def table_configuration(lake: Lake) -> dict[str, str]:
+    """Properties of tables deltabus creates: change data feed, and the log retention."""
+    config = dict(TABLE_CONFIGURATION)
+    retention = lake.settings.log_retention_s
+    if retention:
+        # Log files older than this are deleted at the next checkpoint: a short retention
+        # keeps commits fast on object stores whose listings grow with the log.
+        config["delta.logRetentionDuration"] = f"interval {int(retention)} seconds"
+    return config
+
+
 def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
     """Open `table`, creating it empty with the contract schema when it does not exist."""
     if not lake.exists(table):
@@ -49,7 +60,7 @@ def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
                 lake.uri(table),
                 schema=schema,
                 mode="ignore",
-                configuration=TABLE_CONFIGURATION,
+                configuration=table_configuration(lake),
                 storage_options=lake.storage_options,
             )
         except (CommitFailedError, DeltaError) as exc:
@@ -104,6 +115,7 @@ def append_once(
     seq: int,
     custom_metadata: dict[str, str],
     what: str,
+    markers: dict[str, int] | None = None,
 ) -> bool:
     """Append `data` as commit `seq` of writer `app_id`, exactly once.
 
@@ -112,12 +124,17 @@ def append_once(
     answer was lost in an outage) nothing is written. The first attempt skips that
     round trip: nothing of `seq` can be in the log before it. delta-rs' own commit retries are
     off so that a lost answer can never turn into a second commit of the same rows;
-    conflicts with other writers are retried here, after that check. Returns False
-    when the commit had already landed.
+    conflicts with other writers are retried here, after that check. `markers` are
+    further app transactions (name -> integer) committed atomically with the rows: they
+    live in the table state (and its checkpoints), so they outlast the commit metadata
+    when old log files expire. Returns False when the commit had already landed.
     """
     props = CommitProperties(
         custom_metadata=custom_metadata,
-        app_transactions=[Transaction(app_id, seq)],
+        app_transactions=[
+            Transaction(app_id, seq),
+            *(Transaction(name, value) for name, value in (markers or {}).items()),
+        ],
         max_commit_retries=0,
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs
 
+from deltabus.errors import StorageError
 from deltabus.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,36 @@ class DeltaLogTail:
         self.columns = columns
         self.fs, root = lake_filesystem(lake)
         self.path = f"{root}/{table}"
+        self._expiry_checked = 0.0
+
+    def _check_not_expired(self, version: int) -> None:
+        """A missing log file is either in the future or expired: tell them apart.
+
+        Log files behind a checkpoint and older than the table's log retention are
+        deleted. If the last checkpoint is at or past `version`, this reader lagged more
+        than the retention and the rows of that commit can no longer be tailed: stop
+        loudly rather than skip them. Checked at most every 5 s, it costs one GET.
+        """
+        now = time.monotonic()
+        if now - self._expiry_checked < 5:
+            return
+        self._expiry_checked = now
+        try:
+            with self.fs.open_input_stream(
+                f"{self.path}/_delta_log/_last_checkpoint", compression=None
+            ) as stream:
+                checkpoint = int(json.loads(stream.read())["version"])
+        except FileNotFoundError:
+            return
+        if checkpoint >= version:
+            raise StorageError(
+                f"{self.table} version {version} expired from the Delta log before it was "
+                f"read (checkpoint at {checkpoint}): this reader lagged more than the "
+                "table's log retention",
+                "raise DELTABUS_LOG_RETENTION_S (delta.logRetentionDuration) above the "
+                "longest reader outage; the rows of the expired versions must be "
+                "reprocessed from the table itself",
+            )
 
     def commit(self, version: int) -> Commit | None:
         """The commit of `version`, or None when it has not landed yet."""
@@ -78,6 +110,7 @@ class DeltaLogTail:
             ) as stream:
                 raw = stream.read()
         except FileNotFoundError:
+            self._check_not_expired(version)
             return None
         commit = Commit(version=version, info={})
         for line in raw.splitlines():

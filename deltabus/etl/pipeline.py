@@ -19,7 +19,7 @@ import pathway as pw
 
 from deltabus.errors import ConfigError
 from deltabus.etl.rejects import RejectsWriter
-from deltabus.etl.sink import ETL_APP_ID, DeltaSinkObserver
+from deltabus.etl.sink import ETL_APP_ID, DeltaSinkObserver, position_marker
 from deltabus.etl.source import BatchSchema, DeltaTailSubject
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
@@ -74,11 +74,15 @@ def recorded_positions(lake: Lake) -> tuple[dict[str, int], int]:
     seq = dt.transaction_version(ETL_APP_ID)
     if seq is None:
         return dict.fromkeys(INPUT_TABLES, -1), 0
-    info = find_commit(dt, lambda c: meta(c, "etl.positions") is not None, limit=1000)
-    positions = dict.fromkeys(INPUT_TABLES, -1)
-    if info is not None:
-        positions.update({k: int(v) for k, v in meta(info, "etl.positions").items()})
-    return positions, seq + 1
+    positions = {t: dt.transaction_version(position_marker(t)) for t in INPUT_TABLES}
+    if any(v is None for v in positions.values()):
+        # Tables written before positions were app transactions: the commit metadata.
+        info = find_commit(dt, lambda c: meta(c, "etl.positions") is not None, limit=1000)
+        recorded = meta(info, "etl.positions") if info else {}
+        for table, value in positions.items():
+            if value is None:
+                positions[table] = int(recorded.get(table, -1))
+    return {t: int(v) for t, v in positions.items()}, seq + 1
 
 
 def unified_expression(batches: pw.Table) -> pw.Table:

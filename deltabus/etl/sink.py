@@ -25,6 +25,11 @@ log = logging.getLogger(__name__)
 ETL_APP_ID = "deltabus-etl"
 
 
+def position_marker(table: str) -> str:
+    """App transaction holding the last input version of `table` in the output."""
+    return f"{ETL_APP_ID}@{table}"
+
+
 @dataclass
 class SinkStats:
     rows: int = 0
@@ -139,6 +144,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             seq=seq,
             custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": seq}),
             what="commit to timezone_unified",
+            markers={position_marker(t): v for t, v in positions.items() if v >= 0},
         )
         self.seq += 1
         self.positions = positions

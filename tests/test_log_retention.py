@@ -1,0 +1,56 @@
+"""A short Delta log retention keeps commits cheap; state and restarts survive it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from deltabus.errors import StorageError
+from deltabus.lake import Lake
+from deltabus.producer import Producer, ProducerConfig
+from deltabus.settings import Settings
+from deltabus.tail import DeltaLogTail
+from tests.conftest import lake_env, run_cli
+from tests.helpers import assert_exactly_once
+
+
+def log_files(lake: Lake, table: str) -> list[str]:
+    return sorted(p.name for p in (Path(lake.uri(table)) / "_delta_log").glob("*.json"))
+
+
+def test_expired_log_keeps_state_and_is_detected(tmp_path: Path) -> None:
+    lake = Lake(
+        Settings(storage="local", local_root=tmp_path / "lake", prefix="p", log_retention_s=10)
+    )
+    env = lake_env(lake) | {"DELTABUS_LOG_RETENTION_S": "10"}
+    # About 120 commits per table in 6 s.
+    first = ProducerConfig(rate=2000, count=12_000, commit_interval=0.05, run_id="old")
+    assert Producer(lake, first).run().messages == 12_000
+    etl = run_cli(["etl"], env, tmp_path)
+    assert etl.returncode == 0, etl.stderr[-2000:]
+    assert len(log_files(lake, "timezone1")) > 100
+
+    time.sleep(11)  # everything so far is now older than the retention
+    second = ProducerConfig(rate=2000, count=12_000, commit_interval=0.05, run_id="new")
+    Producer(lake, second).run()
+    # Checkpoints (every 100 commits) deleted the expired log files.
+    remaining = log_files(lake, "timezone1")
+    assert remaining[0] != "00000000000000000000.json"
+    assert len(remaining) < 200
+
+    # The ETL resumes from positions kept as app transactions, not from expired metadata.
+    etl = run_cli(["etl", "--producers", "2"], env, tmp_path)
+    assert etl.returncode == 0, etl.stderr[-2000:]
+    assert_exactly_once(lake, expected=24_000)
+
+    # A producer rerun resumes from its app transactions: nothing written twice.
+    rerun = Producer(lake, first).run()
+    assert rerun.messages == 0
+    assert_exactly_once(lake, expected=24_000)
+
+    # A reader that lagged behind the retention stops loudly instead of skipping rows.
+    tail = DeltaLogTail(lake, "timezone1")
+    with pytest.raises(StorageError, match="expired from the Delta log"):
+        tail.commit(1)
