@@ -110,3 +110,22 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the process once pytest has reported, with its status.
+
+    DuckDB's and arro3's bindings print pages of "leaked instance" notices during
+    interpreter shutdown; skipping that shutdown keeps pytest's summary the last line.
+    """
+    if _exit_status and os.environ.get("DELTABUS_PYTEST_HARD_EXIT", "1") == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[0])

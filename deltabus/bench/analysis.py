@@ -48,6 +48,12 @@ BEHIND_REL_GROWTH = 0.25  # ... and at least this fraction of the Q2 median,
 BEHIND_MIN_SLOPE = 0.01  # with a per-interval median trend of >= 10 ms per second.
 
 
+# What the producer side contributes to a sample, from either backbone.
+INPUTS_SCHEMA = pa.schema(
+    [("message", pa.string()), ("sent_ms", pa.float64()), ("input_commit_ms", pa.float64())]
+)
+
+
 def _input_rows(lake, table: str) -> pl.DataFrame:
     """date, message, _change_type, _commit_timestamp of every row of an input table.
 
@@ -112,13 +118,7 @@ def delta_inputs(lake) -> pa.Table:
             )
         )
     if not frames:
-        return pa.table(
-            {
-                "message": pa.array([], pa.string()),
-                "sent_ms": pa.array([], pa.float64()),
-                "input_commit_ms": pa.array([], pa.float64()),
-            }
-        )
+        return INPUTS_SCHEMA.empty_table()
     return pl.concat(frames).to_arrow()
 
 

@@ -171,11 +171,7 @@ class KafkaBroker:
                 )
             )
         if not frames:
-            return pa.table(
-                {
-                    "message": pa.array([], pa.string()),
-                    "sent_ms": pa.array([], pa.float64()),
-                    "input_commit_ms": pa.array([], pa.float64()),
-                }
-            )
+            from deltabus.bench.analysis import INPUTS_SCHEMA
+
+            return INPUTS_SCHEMA.empty_table()
         return pl.concat(frames).to_arrow()
