@@ -92,6 +92,11 @@ class DeltaLogTail:
                 checkpoint = int(json.loads(stream.read())["version"])
         except FileNotFoundError:
             return
+        except (ValueError, KeyError, TypeError):
+            # Read while a writer replaced it (object stores overwrite it in place, and a
+            # ranged read can mix two versions): look again at the next check.
+            self._expiry_checked = 0.0
+            return
         if checkpoint >= version:
             raise StorageError(
                 f"{self.table} version {version} expired from the Delta log before it was "
