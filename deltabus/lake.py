@@ -165,28 +165,6 @@ class Lake:
         )
         return listing.get("KeyCount", 0) > 0
 
-    def version_exists(self, table: str, version: int, client: Any = None) -> bool:
-        """Has commit `version` of `table` landed? One HEAD request (or stat).
-
-        Far cheaper for the server than listing the log, which is what makes frequent
-        polling affordable: readers only refresh their snapshot once this says yes.
-        """
-        name = f"_delta_log/{version:020d}.json"
-        if self.is_local:
-            return (Path(self.uri(table)) / name).exists()
-        from botocore.exceptions import ClientError
-
-        client = client or self.s3_client()
-        try:
-            client.head_object(
-                Bucket=self.settings.bucket, Key=f"{self.settings.prefix}/{table}/{name}"
-            )
-            return True
-        except ClientError as exc:
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
-                return False
-            raise
-
     def require_delta_or_absent(self, table: str) -> bool:
         """True if `table` is a Delta table, False if nothing is there; else a clear error."""
         if self.exists(table):

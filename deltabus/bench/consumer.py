@@ -144,7 +144,6 @@ class TailConsumer(threading.Thread):
 class DeltaUnifiedConsumer(TailConsumer):
     """Tails `timezone_unified` like the ETL tails its inputs: update_incremental + CDF."""
 
-    COLUMNS = ["message", "timestamp", "time", "diff", "_change_type", "_commit_timestamp"]
     DATA_COLUMNS = ["message", "timestamp", "time", "diff"]
 
     def __init__(self, lake, poll_s: float, stats: LiveStats) -> None:
@@ -158,23 +157,17 @@ class DeltaUnifiedConsumer(TailConsumer):
     def setup(self) -> None:
         from deltabus.lake import UNIFIED_TABLE
         from deltabus.retry import retry_storage
+        from deltabus.tail import DeltaLogTail
 
         dt = retry_storage(lambda: self.lake.open(UNIFIED_TABLE), what="open unified")
         self.dt = dt
         if self.next_version <= 0:
             self.next_version = dt.version() + 1
-        # The first change-data-feed read of a process is slow (seconds on a busy machine):
-        # pay it here, before the schedule starts, not on the first measured batch.
-        warm = dt.load_cdf(starting_version=0, ending_version=0, columns=self.COLUMNS)
-        pl.from_arrow(pa.table(warm.read_all()))
+        self._tail = DeltaLogTail(self.lake, UNIFIED_TABLE, columns=self.DATA_COLUMNS)
 
     def poll_once(self) -> pa.Table | None:
-        from deltabus.lake import UNIFIED_TABLE
         from deltabus.retry import retry_storage
-        from deltabus.tail import DeltaLogTail
 
-        if self._tail is None:
-            self._tail = DeltaLogTail(self.lake, UNIFIED_TABLE, columns=self.DATA_COLUMNS)
         tail = self._tail
         # One GET of the next commit file says whether it landed and what it added.
         parts = []
