@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
@@ -172,6 +173,7 @@ class Producer:
         self.config = config
         self.tables: dict[str, DeltaTable] = {}
         self.pools = {name: ThreadPoolExecutor(max_workers=1) for name in INPUT_TABLES}
+        self.checkpointers: dict[str, BackgroundCheckpointer] = {}
         self._failed = threading.Event()
 
     def _resume_state(self) -> tuple[dict[str, int], dict[str, int], int | None]:
@@ -230,6 +232,7 @@ class Producer:
                 }
             ),
             what=f"commit to {name}",
+            checkpointer=self.checkpointers.get(name),
             markers={
                 f"{self.config.app_id}:next_index": hi,
                 f"{self.config.app_id}:start_us": start_us,
@@ -237,11 +240,19 @@ class Producer:
         )
 
     def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:
-        cfg = self.config
         for name in INPUT_TABLES:
             self.tables[name] = retry_storage(
                 lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"
             )
+            self.checkpointers[name] = BackgroundCheckpointer(self.lake, name)
+        try:
+            return self._run(on_progress)
+        finally:
+            for checkpointer in self.checkpointers.values():
+                checkpointer.close()
+
+    def _run(self, on_progress: Callable[[dict], None] | None) -> ProducerReport:
+        cfg = self.config
         next_index, next_seq, start_us = self._resume_state()
         tune_gc_for_streaming()
         resumed_from = min(next_index.values())

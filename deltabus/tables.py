@@ -10,6 +10,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from deltabus.checkpoints import NO_POST_COMMIT_HOOKS, BackgroundCheckpointer
 from deltabus.lake import Lake
 from deltabus.retry import retry_storage
 
@@ -116,6 +117,7 @@ def append_once(
     custom_metadata: dict[str, str],
     what: str,
     markers: dict[str, int] | None = None,
+    checkpointer: BackgroundCheckpointer | None = None,
 ) -> bool:
     """Append `data` as commit `seq` of writer `app_id`, exactly once.
 
@@ -127,7 +129,9 @@ def append_once(
     conflicts with other writers are retried here, after that check. `markers` are
     further app transactions (name -> integer) committed atomically with the rows: they
     live in the table state (and its checkpoints), so they outlast the commit metadata
-    when old log files expire. Returns False when the commit had already landed.
+    when old log files expire. With a `checkpointer` the commit skips delta-rs'
+    inline checkpoint and log cleanup and hands them to it. Returns False when the commit
+    had already landed.
     """
     props = CommitProperties(
         custom_metadata=custom_metadata,
@@ -148,7 +152,15 @@ def append_once(
             done = dt.transaction_version(app_id)
             if done is not None and done >= seq:
                 return False
-        write_deltalake(dt, data, mode="append", commit_properties=props)
+        write_deltalake(
+            dt,
+            data,
+            mode="append",
+            commit_properties=props,
+            post_commithook_properties=NO_POST_COMMIT_HOOKS if checkpointer else None,
+        )
+        if checkpointer:
+            checkpointer.committed(dt.version())
         return True
 
     return retry_storage(attempt, what=what, also_retry=is_commit_conflict)

@@ -236,8 +236,24 @@ def analyse(
     out["stages"] = stages
     series = over_time(con, src, interval_s)
     out["over_time"] = [{k: _r(v) for k, v in row.items()} for row in series]
+    out["stages_over_time"] = stages_over_time(con, src, interval_s)
     out["behind"] = fell_behind(con, start_ms, warmup_s, duration_s, series)
     return out
+
+
+def stages_over_time(
+    con: duckdb.DuckDBPyConnection, source: str, interval_s: float
+) -> list[dict[str, float | None]]:
+    """p99 of every stage per `interval_s` of send time: which stage a spike comes from."""
+    cols = ",\n".join(f'quantile_cont({b} - {a}, 0.99) / 1000 AS "{name}"' for name, a, b in STAGES)
+    cur = con.execute(
+        f"""SELECT floor((sent_ms - (SELECT min(sent_ms) FROM {source})) / {interval_s * 1000})
+                   * {interval_s} AS t_s,
+                   {cols}
+            FROM {source} GROUP BY 1 ORDER BY 1"""
+    )
+    names = [d[0] for d in cur.description]  # type: ignore[union-attr]
+    return [{k: _r(v) for k, v in zip(names, row, strict=True)} for row in cur.fetchall()]
 
 
 def fell_behind(

@@ -628,6 +628,7 @@ class Bench:
             "errors": errors,
             "notes": state.notes,
             "over_time": result["over_time"],
+            "stages_over_time": result["stages_over_time"],
         }
         if state.drain and "resumed_ms" in state.drain:
             d = state.drain

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pathway as pw
 
+from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.sink import ETL_APP_ID, DeltaSinkObserver, position_marker
@@ -85,6 +86,21 @@ def recorded_positions(lake: Lake) -> tuple[dict[str, int], int]:
     return {t: int(v) for t, v in positions.items()}, seq + 1
 
 
+def recorded_finished_runs(lake: Lake) -> dict[str, set[str]]:
+    """Producer runs the ETL already saw finish, per input table, from its newest commit.
+
+    Bounded mode stops once the expected producers have finished. Their finish markers
+    may sit in input log files that have expired by the time an ETL restarts, so every
+    unified commit also carries the finished runs seen so far.
+    """
+    if not lake.exists(UNIFIED_TABLE):
+        return {}
+    dt = lake.open(UNIFIED_TABLE)
+    info = find_commit(dt, lambda c: meta(c, "etl.finished_runs") is not None, limit=50)
+    recorded = meta(info, "etl.finished_runs") if info else {}
+    return {table: set(runs) for table, runs in (recorded or {}).items()}
+
+
 def unified_expression(batches: pw.Table) -> pw.Table:
     """Flatten version batches into rows and parse `date` into epoch milliseconds (UTC)."""
     rows = batches.flatten(pw.this.rows)
@@ -114,6 +130,7 @@ def run_etl(
             Path(ready_file).touch()
 
     positions, seq = retry_storage(lambda: recorded_positions(lake), what="read ETL positions")
+    finished = retry_storage(lambda: recorded_finished_runs(lake), what="read ETL positions")
     unified = retry_storage(
         lambda: ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA), what="open timezone_unified"
     )
@@ -135,6 +152,7 @@ def run_etl(
             stop=stop,
             rejects=rejects,
             on_start=mark_ready,
+            finished_runs=finished.get(table, set()),
         )
         for table in INPUT_TABLES
     ]
@@ -148,7 +166,15 @@ def run_etl(
         for subject in subjects
     ]
     unified_rows = unified_expression(pw.Table.concat_reindex(*streams))
-    sink = DeltaSinkObserver(unified, positions, config.commit_interval, seq)
+    checkpointer = BackgroundCheckpointer(lake, UNIFIED_TABLE)
+    sink = DeltaSinkObserver(
+        unified,
+        positions,
+        config.commit_interval,
+        seq,
+        checkpointer,
+        finished_runs=lambda: {s.table: sorted(s.stats.finished_runs) for s in subjects},
+    )
     pw.io.python.write(unified_rows, sink, name="delta_timezone_unified")
 
     def request_stop(signum: int, _frame: object) -> None:

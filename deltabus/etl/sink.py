@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pathway as pw
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.tables import UNIFIED_SCHEMA, append_once, metadata
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         positions: dict[str, int],
         commit_interval: float,
         next_seq: int,
+        checkpointer: BackgroundCheckpointer | None = None,
+        finished_runs: Callable[[], dict[str, list[str]]] | None = None,
     ) -> None:
         self.dt = dt
+        self.checkpointer = checkpointer
+        self.finished_runs = finished_runs
         self.commit_interval = commit_interval
         self.linger = min(0.015, commit_interval * 0.15)
         self.positions = dict(positions)  # highest input version fully delivered
@@ -91,6 +97,8 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self._closing = True
         self._wake.set()
         self._thread.join()
+        if self.checkpointer:
+            self.checkpointer.close()
         if self._error is not None:
             raise RuntimeError("Delta sink failed") from self._error
 
@@ -137,13 +145,17 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         )
         seq = self.seq
         started = time.monotonic()
+        info: dict[str, object] = {"etl.positions": positions, "etl.seq": seq}
+        if self.finished_runs:
+            info["etl.finished_runs"] = self.finished_runs()
         append_once(
             self.dt,
             table,
             app_id=ETL_APP_ID,
             seq=seq,
-            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": seq}),
+            custom_metadata=metadata(**info),
             what="commit to timezone_unified",
+            checkpointer=self.checkpointer,
             markers={position_marker(t): v for t, v in positions.items() if v >= 0},
         )
         self.seq += 1

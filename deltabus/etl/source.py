@@ -66,6 +66,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         rejects: RejectsWriter,
         max_versions_per_read: int = 50,
         on_start: Callable[[], None] | None = None,
+        finished_runs: set[str] | None = None,
     ) -> None:
         super().__init__(datasource_name=f"delta:{table}")
         self.lake = lake
@@ -77,7 +78,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         self.stop = stop
         self.rejects = rejects
         self.max_versions_per_read = max_versions_per_read
-        self.stats = SourceStats()
+        self.stats = SourceStats(finished_runs=set(finished_runs or ()))
         self.on_start = on_start
 
     @property
