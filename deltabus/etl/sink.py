@@ -23,8 +23,10 @@ from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.tables import UNIFIED_SCHEMA, append_once, metadata
 
 log = logging.getLogger(__name__)
+_monotonic = time.monotonic  # on_time_end's `time` argument shadows the module
 
 ETL_APP_ID = "deltabus-etl"
+BURST = 2  # commits allowed back to back; the average stays one per commit interval
 
 
 def position_marker(table: str) -> str:
@@ -56,13 +58,17 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self.checkpointer = checkpointer
         self.finished_runs = finished_runs
         self.commit_interval = commit_interval
-        self.linger = min(0.015, commit_interval * 0.15)
+        self.linger = min(0.05, commit_interval * 0.5)
         self.positions = dict(positions)  # highest input version fully delivered
         self.seq = next_seq
         self.stats = SinkStats(version=dt.version())
         self._cols: tuple[list, list, list, list] = ([], [], [], [])
         self._pending: list[tuple[tuple[list, list, list, list], dict[str, int]]] = []
         self._seen: dict[str, int] = dict(positions)
+        self._delivered: dict[str, int] = dict(positions)  # as of the last time end
+        self._last_arrival: dict[str, float] = {}  # input -> when it last delivered rows
+        self._tokens = float(BURST)  # commits the rate limit allows right now
+        self._refilled = time.monotonic()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -87,8 +93,14 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             raise RuntimeError("Delta sink failed") from self._error
         if not self._cols[0]:
             return
+        now = _monotonic()
+        seen = dict(self._seen)
         with self._lock:
-            self._pending.append((self._cols, dict(self._seen)))
+            for source, version in seen.items():
+                if version > self._delivered.get(source, -1):
+                    self._last_arrival[source] = now
+            self._delivered = seen
+            self._pending.append((self._cols, seen))
         self._cols = ([], [], [], [])
         self._wake.set()
 
@@ -105,33 +117,64 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     # -- committer thread ---------------------------------------------------------------
 
     def _commit_loop(self) -> None:
-        """Commit as soon as rows are waiting, but at most once per commit interval.
+        """Commit as soon as rows are waiting, at most once per commit interval on average.
 
         Waiting for a fixed tick would add half an interval of latency on average; this
         commits right after data arrives when the stream is sparse and batches a full
-        interval when it is dense.
+        interval when it is dense. The rate limit is a token bucket (one commit per
+        interval, bursts of `BURST`) rather than a minimum gap after the previous commit:
+        with a gap, one commit delayed by x ms delays every later one by x as well,
+        since inputs arrive once per interval too.
         """
-        last_start = float("-inf")
         try:
             while True:
                 self._wake.wait()
                 self._wake.clear()
-                # Linger briefly so that rows arriving together (both inputs commit at
-                # about the same moment) share one commit, then keep the spacing.
-                wait = max(self.linger, last_start + self.commit_interval - time.monotonic())
                 if not self._closing:
-                    time.sleep(wait)
+                    self._gather()
                 closing = self._closing
                 with self._lock:
                     pending, self._pending = self._pending, []
                 if pending:
-                    last_start = time.monotonic()
+                    self._tokens -= 1
                     self._commit(pending)
                 if closing:
                     return
         except BaseException as exc:  # surfaced to Pathway on its next callback
             log.exception("Delta sink commit failed")
             self._error = exc
+
+    def _token_wait(self) -> float:
+        """Seconds until the rate limit allows the next commit."""
+        now = _monotonic()
+        self._tokens = min(BURST, self._tokens + (now - self._refilled) / self.commit_interval)
+        self._refilled = now
+        return max(0.0, (1 - self._tokens) * self.commit_interval)
+
+    def _gather(self) -> None:
+        """Wait until the rate limit allows a commit and every active input has delivered.
+
+        The producer commits both inputs for the same window at about the same moment,
+        but the ETL picks them up a few milliseconds apart. Committing the first alone
+        would make the second wait for the next commit, so the sink lingers (at most
+        `linger` s) until each input that delivered during the last two intervals has
+        delivered again; an input that went quiet stops being waited for.
+        """
+        arrived = _monotonic()
+        active_since = arrived - 2 * self.commit_interval
+        while not self._closing:
+            with self._lock:
+                delivered = self._pending[-1][1] if self._pending else {}
+                active = {s for s, t in self._last_arrival.items() if t >= active_since}
+            fresh = {s for s, v in delivered.items() if v > self.positions.get(s, -1)}
+            now = _monotonic()
+            until = now + self._token_wait()
+            if not active <= fresh:
+                until = max(until, arrived + self.linger)
+            if now >= until:
+                return
+            self._wake.wait(until - now)
+            self._wake.clear()
 
     def _commit(self, pending: list) -> None:
         columns: tuple[list, list, list, list] = ([], [], [], [])
