@@ -58,7 +58,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self.checkpointer = checkpointer
         self.finished_runs = finished_runs
         self.commit_interval = commit_interval
-        self.linger = min(0.05, commit_interval * 0.5)
+        self.linger = commit_interval * 0.5
         self.positions = dict(positions)  # highest input version fully delivered
         self.seq = next_seq
         self.stats = SinkStats(version=dt.version())
@@ -157,8 +157,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         The producer commits both inputs for the same window at about the same moment,
         but the ETL picks them up a few milliseconds apart. Committing the first alone
         would make the second wait for the next commit, so the sink lingers (at most
-        `linger` s) until each input that delivered during the last two intervals has
-        delivered again; an input that went quiet stops being waited for.
+        half an interval) until each input that delivered during the last two intervals
+        has delivered again; an input that went quiet stops being waited for. At 1000 ms
+        and 70k msg/s the second input's batch reaches the sink ~0.3 s after the first.
         """
         arrived = _monotonic()
         active_since = arrived - 2 * self.commit_interval
