@@ -215,6 +215,9 @@ class Producer:
     def _append(
         self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
     ) -> None:
+        checkpointer = self.checkpointers.get(name)
+        if checkpointer:
+            self.tables[name] = checkpointer.refreshed(self.tables[name])
         append_once(
             self.tables[name],
             batch,
@@ -232,7 +235,7 @@ class Producer:
                 }
             ),
             what=f"commit to {name}",
-            checkpointer=self.checkpointers.get(name),
+            checkpointer=checkpointer,
             markers={
                 f"{self.config.app_id}:next_index": hi,
                 f"{self.config.app_id}:start_us": start_us,

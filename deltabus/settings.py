@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     # None keeps Delta's default (30 days). Tailing readers must never lag more than this.
     log_retention_s: int | None = Field(None, ge=10)
     # Versions between the checkpoints deltabus writers write on a background thread.
-    checkpoint_interval: int = Field(20, ge=1, le=10_000)
+    checkpoint_interval: int = Field(100, ge=1, le=10_000)
 
     @field_validator("prefix")
     @classmethod

@@ -130,8 +130,9 @@ def append_once(
     further app transactions (name -> integer) committed atomically with the rows: they
     live in the table state (and its checkpoints), so they outlast the commit metadata
     when old log files expire. With a `checkpointer` the commit skips delta-rs'
-    inline checkpoint and log cleanup and hands them to it. Returns False when the commit
-    had already landed.
+    inline checkpoint and log cleanup and hands them to it (callers commit with
+    `checkpointer.refreshed(dt)`, which swaps in a handle loaded after the checkpoint).
+    Returns False when the commit had already landed.
     """
     props = CommitProperties(
         custom_metadata=custom_metadata,

@@ -189,6 +189,8 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         )
         seq = self.seq
         started = time.monotonic()
+        if self.checkpointer:
+            self.dt = self.checkpointer.refreshed(self.dt)
         info: dict[str, object] = {"etl.positions": positions, "etl.seq": seq}
         if self.finished_runs:
             info["etl.finished_runs"] = self.finished_runs()
