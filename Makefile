@@ -42,7 +42,7 @@ ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://12
 
 bench: venv minio-bin kafka-jars  ## latency benchmark sweep on a throwaway MinIO, Kafka side by side; reports in bench-out/
 	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000,30000,70000 --duration 30 --warmup 5 --out bench-out/100ms
-	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,70000,100000,150000 --duration 30 --warmup 5 --out bench-out/1000ms
+	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,70000,100000,150000,250000 --duration 30 --warmup 5 --out bench-out/1000ms
 	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --backbone both --duration 30 --warmup 5 --out bench-out/kafka
 
 kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabus)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pyarrow as pa
 import pytest
@@ -36,7 +37,10 @@ def test_checkpoints_land_beside_the_commits(minio_lake: Lake) -> None:
     dt = ensure_table(minio_lake, "timezone1", INPUT_SCHEMA)
     checkpointer = BackgroundCheckpointer(minio_lake, "timezone1", interval=5)
     assert checkpointer.interval == 5
+    handles = []  # kept alive, so ids stay distinct
     for seq in range(12):
+        dt = checkpointer.refreshed(dt)  # as writers do: a fresh handle after a checkpoint
+        handles.append(dt)
         append_once(
             dt,
             batch(seq),
@@ -46,8 +50,11 @@ def test_checkpoints_land_beside_the_commits(minio_lake: Lake) -> None:
             what="test commit",
             checkpointer=checkpointer,
         )
+        if seq == 6:
+            time.sleep(1)  # let the first checkpoint finish so its handle gets swapped in
     checkpointer.close()
     assert dt.version() == 12
+    assert len({id(h) for h in handles}) >= 2  # swapped to a handle loaded after a checkpoint
     assert checkpointer.failures == 0
     # At most one checkpoint per interval crossed (with the table's offset), and the
     # last interval reached is always covered.

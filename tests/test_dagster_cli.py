@@ -18,8 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 DAGSTER = [sys.executable, "-m", "dagster"]
 
 
-def run(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+def run(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    # Run outside the repository: Dagster's CLI loads ./.env over the environment, and a
+    # developer's .env (written by `deltabus minio up`) would point the run elsewhere.
+    env = {**env, "PYTHONPATH": str(REPO)}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: Path):
@@ -50,6 +55,7 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
     job = run(
         [*DAGSTER, "job", "execute", "-m", "definitions", "-j", "pipeline_job", "-c", str(config)],
         env,
+        tmp_path,
     )
     assert job.returncode == 0, job.stderr[-4000:]
     assert 'Finished execution of run for "pipeline_job"' in job.stderr
@@ -59,7 +65,7 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
     secret = minio_lake.settings.secret_key.get_secret_value()
     assert secret not in job.stdout + job.stderr
 
-    report = run([sys.executable, "-m", "assets.report"], env, timeout=120)
+    report = run([sys.executable, "-m", "assets.report"], env, tmp_path, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr[-3000:]
     out = report.stdout
     assert "pipeline_job run" in out and "SUCCESS" in out
@@ -85,6 +91,7 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
             str(config),
         ],
         env,
+        tmp_path,
     )
     assert only_csv.returncode == 0, only_csv.stderr[-3000:]
     assert csv.read_text().count("\n") == 2001

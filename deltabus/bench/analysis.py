@@ -155,11 +155,20 @@ def build_samples(inputs: pa.Table, seen: pa.Table) -> tuple[pa.Table, dict[str,
            WHERE abs(f.parsed_ms - i.sent_ms) > 0.001"""
     ).fetchall()[0][0]
     samples = con.sql(
-        """SELECT i.message, i.sent_ms, i.input_commit_ms, f.etl_processed_ms,
+        # An input commit after the ETL processed the row is a file time from a rewrite
+        # (compaction, read through the expired-log fallback): unknown, not negative.
+        """SELECT i.message, i.sent_ms,
+                  CASE WHEN i.input_commit_ms <= f.etl_processed_ms THEN i.input_commit_ms
+                  END AS input_commit_ms,
+                  f.etl_processed_ms,
                   f.unified_commit_ms, f.seen_ms, f.seen_ms - i.sent_ms AS latency_ms
            FROM inputs i JOIN first_seen f USING (message)
            ORDER BY i.sent_ms"""
     ).to_arrow_table()
+    unknown_commit = con.execute(
+        """SELECT count(*) FROM inputs i JOIN first_seen f USING (message)
+           WHERE i.input_commit_ms > f.etl_processed_ms"""
+    ).fetchall()[0][0]
     samples = samples.cast(SAMPLES_SCHEMA)
     return samples, {
         "retractions_seen": int(checks[0]),
@@ -168,6 +177,7 @@ def build_samples(inputs: pa.Table, seen: pa.Table) -> tuple[pa.Table, dict[str,
         "duplicate_inputs": int(checks[3]),
         "seen_but_not_produced": int(extra),
         "parsed_timestamp_mismatches": int(mismatched),
+        "input_commit_unknown": int(unknown_commit),
     }
 
 
