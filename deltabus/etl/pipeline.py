@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pathway as pw
+from deltalake import DeltaTable
 
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError
@@ -67,11 +68,8 @@ class EtlReport:
         return asdict(self)
 
 
-def recorded_positions(lake: Lake) -> tuple[dict[str, int], int]:
+def recorded_positions(dt: DeltaTable) -> tuple[dict[str, int], int]:
     """Input positions and next sink sequence from the unified table's log."""
-    if not lake.exists(UNIFIED_TABLE):
-        return dict.fromkeys(INPUT_TABLES, -1), 0
-    dt = lake.open(UNIFIED_TABLE)
     seq = dt.transaction_version(ETL_APP_ID)
     if seq is None:
         return dict.fromkeys(INPUT_TABLES, -1), 0
@@ -86,16 +84,13 @@ def recorded_positions(lake: Lake) -> tuple[dict[str, int], int]:
     return {t: int(v) for t, v in positions.items()}, seq + 1
 
 
-def recorded_finished_runs(lake: Lake) -> dict[str, set[str]]:
+def recorded_finished_runs(dt: DeltaTable) -> dict[str, set[str]]:
     """Producer runs the ETL already saw finish, per input table, from its newest commit.
 
     Bounded mode stops once the expected producers have finished. Their finish markers
     may sit in input log files that have expired by the time an ETL restarts, so every
     unified commit also carries the finished runs seen so far.
     """
-    if not lake.exists(UNIFIED_TABLE):
-        return {}
-    dt = lake.open(UNIFIED_TABLE)
     info = find_commit(dt, lambda c: meta(c, "etl.finished_runs") is not None, limit=50)
     recorded = meta(info, "etl.finished_runs") if info else {}
     return {table: set(runs) for table, runs in (recorded or {}).items()}
@@ -129,10 +124,12 @@ def run_etl(
         if ready_file is not None:
             Path(ready_file).touch()
 
-    positions, seq = retry_storage(lambda: recorded_positions(lake), what="read ETL positions")
-    finished = retry_storage(lambda: recorded_finished_runs(lake), what="read ETL positions")
     unified = retry_storage(
         lambda: ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA), what="open timezone_unified"
+    )
+    positions, seq = retry_storage(lambda: recorded_positions(unified), what="read ETL positions")
+    finished = retry_storage(
+        lambda: recorded_finished_runs(unified), what="read finished producer runs"
     )
     log.info(
         "ETL (%s) on %s: resuming after input versions %s",
