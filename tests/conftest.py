@@ -76,12 +76,13 @@ def lake(request: pytest.FixtureRequest) -> Lake:
     return request.getfixturevalue(f"{request.param}_lake")
 
 
+LAKE_ENV_PREFIXES = ("DELTABUS_", "MINIO_S3_", "AWS_")
+
+
 def lake_env(lake: Lake) -> dict[str, str]:
     """Environment variables that point a `deltabus` subprocess at `lake`."""
     s = lake.settings
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DELTABUS_", "MINIO_S3_", "AWS_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
     env.update(
         {
             "DELTABUS_STORAGE": s.storage,
@@ -96,6 +97,21 @@ def lake_env(lake: Lake) -> dict[str, str]:
     if s.secret_key is not None:
         env["DELTABUS_SECRET_KEY"] = s.secret_key.get_secret_value()
     return env
+
+
+def clear_lake_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove every lake setting and credential from this process's environment."""
+    for key in list(os.environ):
+        if key.startswith(LAKE_ENV_PREFIXES):
+            monkeypatch.delenv(key)
+
+
+def use_lake_env(monkeypatch: pytest.MonkeyPatch, lake: Lake) -> None:
+    """Point this process's environment (which the Dagster resources read) at `lake`."""
+    clear_lake_env(monkeypatch)
+    for key, value in lake_env(lake).items():
+        if key.startswith("DELTABUS_"):
+            monkeypatch.setenv(key, value)
 
 
 def run_cli(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 from dagster import DagsterInstance, materialize
 
 from deltabus.lake import Lake
-from tests.conftest import lake_env
+from tests.conftest import use_lake_env
 
 
 def test_benchmark_report_materializes_with_percentiles_and_plots(
@@ -19,12 +18,7 @@ def test_benchmark_report_materializes_with_percentiles_and_plots(
     from assets.benchmark import benchmark_report
     from resources import default_resources
 
-    for key in list(os.environ):
-        if key.startswith(("DELTABUS_", "MINIO_S3_")):
-            monkeypatch.delenv(key)
-    for key, value in lake_env(minio_lake).items():
-        if key.startswith("DELTABUS_"):
-            monkeypatch.setenv(key, value)
+    use_lake_env(monkeypatch, minio_lake)
     config = {"rates": "2000", "duration_s": 3, "warmup_s": 1, "out_dir": str(tmp_path)}
     result = materialize(
         [benchmark_report],

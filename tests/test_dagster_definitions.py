@@ -13,7 +13,7 @@ from dagster import AssetKey, DagsterInstance, Definitions, EnvVar
 
 from deltabus.lake import INPUT_TABLES, Lake
 from deltabus.producer import Producer, ProducerConfig
-from tests.conftest import lake_env
+from tests.conftest import clear_lake_env, use_lake_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,9 +75,7 @@ def test_everything_the_docs_name_is_defined():
 def test_s3_resource_takes_credentials_from_env_var_names(monkeypatch: pytest.MonkeyPatch):
     from resources.s3 import minio_s3_resource
 
-    for key in list(os.environ):
-        if key.startswith(("DELTABUS_", "MINIO_S3_")):
-            monkeypatch.delenv(key)
+    clear_lake_env(monkeypatch)
     monkeypatch.setenv("MINIO_S3_ACCESS_KEY", "from-pathway-env")
     monkeypatch.setenv("MINIO_S3_SECRET_ACCESS_KEY", "not-in-config-please")
     s3 = minio_s3_resource()
@@ -107,12 +105,7 @@ def test_maintenance_job_compacts_and_reports(minio_lake: Lake, monkeypatch: pyt
     from definitions import build_definitions
     from resources import default_resources
 
-    for key in list(os.environ):
-        if key.startswith(("DELTABUS_", "MINIO_S3_")):
-            monkeypatch.delenv(key)
-    for key, value in lake_env(minio_lake).items():
-        if key.startswith("DELTABUS_"):
-            monkeypatch.setenv(key, value)
+    use_lake_env(monkeypatch, minio_lake)
     Producer(minio_lake, ProducerConfig(rate=5000, count=2000, run_id="maint")).run()
     versions = {t: minio_lake.open(t).version() for t in INPUT_TABLES}
     job = build_definitions(default_resources()).resolve_job_def("maintenance_job")

@@ -22,19 +22,14 @@ from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.service import EtlService, lag, process_alive
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table, metadata
-from tests.conftest import lake_env
+from tests.conftest import use_lake_env
 from tests.helpers import assert_exactly_once, read_unified
 
 
 @pytest.fixture
 def env(minio_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Point the resources (which read the environment) at a fresh MinIO prefix."""
-    for key in list(os.environ):
-        if key.startswith(("DELTABUS_", "MINIO_S3_", "AWS_")):
-            monkeypatch.delenv(key)
-    for key, value in lake_env(minio_lake).items():
-        if key.startswith("DELTABUS_"):
-            monkeypatch.setenv(key, value)
+    use_lake_env(monkeypatch, minio_lake)
     monkeypatch.setenv("DELTABUS_SERVICE_DIR", str(tmp_path / "service"))
     return {"lake": minio_lake, "tmp": tmp_path}
 
