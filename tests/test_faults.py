@@ -23,9 +23,8 @@ from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer, find_minio, free_port
 from deltabus.maintenance import maintain
 from deltabus.producer import Producer, ProducerConfig, build_batches
-from deltabus.settings import Settings
 from deltabus.tables import INPUT_SCHEMA, TABLE_CONFIGURATION
-from tests.conftest import IN_CI, TEST_BUCKET, lake_env, run_cli
+from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 from tests.helpers import etl_process, read_table, wait_for_file
 
 
@@ -169,15 +168,7 @@ def own_minio(tmp_path: Path):
 
 
 def test_storage_outage_mid_stream(own_minio: MinioServer, tmp_path: Path):
-    settings = Settings(
-        storage="minio",
-        minio_endpoint=own_minio.endpoint,
-        access_key=own_minio.access_key,
-        secret_key=own_minio.secret_key,
-        bucket=TEST_BUCKET,
-        prefix="outage",
-    )
-    lake = Lake(settings)
+    lake = Lake(minio_settings_for(own_minio, "outage"))
     lake.init_bucket()
     env = lake_env(lake) | {"DELTABUS_RETRY_MAX_WAIT_S": "120"}
     producer = subprocess.Popen(
