@@ -25,6 +25,7 @@ def deliver(sink: DeltaSinkObserver, source: str, version: int, n: int = 5) -> N
             "message": f"{source}-{version}-{i}",
             "source": source,
             "version": version,
+            "diff": 1,
         }
         sink.on_change(None, row, now, True)  # type: ignore[arg-type]
     sink.on_time_end(now)

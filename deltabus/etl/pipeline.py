@@ -97,11 +97,16 @@ def recorded_finished_runs(dt: DeltaTable) -> dict[str, set[str]]:
 
 
 def unified_expression(batches: pw.Table) -> pw.Table:
-    """Flatten version batches into rows and parse `date` into epoch milliseconds (UTC)."""
+    """Flatten version batches into rows and parse `date` into epoch milliseconds (UTC).
+
+    `diff` is the input row's sign: -1 for a row an input lost (delete, update pre-image),
+    which the sink writes as a retraction.
+    """
     rows = batches.flatten(pw.this.rows)
     return rows.select(
         timestamp=pw.this.rows[0].dt.strptime(DATE_FORMAT).dt.timestamp(unit="ms"),
         message=pw.this.rows[1],
+        diff=pw.this.rows[2],
         source=pw.this.source,
         version=pw.this.version,
     )

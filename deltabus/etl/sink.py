@@ -83,7 +83,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         ts.append(row["timestamp"])
         msg.append(row["message"])
         tm.append(time)
-        diff.append(1 if is_addition else -1)
+        # The row's own sign (an input's delete arrives as diff -1), negated when Pathway
+        # itself retracts the row.
+        diff.append(row["diff"] if is_addition else -row["diff"])
         source, version = row["source"], row["version"]
         if version > self._seen.get(source, -1):
             self._seen[source] = version

@@ -36,7 +36,7 @@ NOT_DELTA_GRACE_S = 10.0
 class BatchSchema(pw.Schema):
     """One Delta version of one input table."""
 
-    rows: list[tuple[str, str]]
+    rows: list[tuple[str, str, int]]  # (date, message, diff: +1 insert, -1 retraction)
     source: str
     version: int
 
@@ -177,7 +177,14 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                 "_commit_version", as_dict=True, maintain_order=True
             ).items():
                 self.next(
-                    rows=list(zip(part["date"].to_list(), part["message"].to_list(), strict=True)),
+                    rows=list(
+                        zip(
+                            part["date"].to_list(),
+                            part["message"].to_list(),
+                            part["_diff"].to_list(),
+                            strict=True,
+                        )
+                    ),
                     source=self.table,
                     version=int(version),
                 )

@@ -13,18 +13,22 @@ import pyarrow as pa
 
 EXPECTED = ("date", "message")
 # Change-data-feed bookkeeping columns that are not part of the table.
-CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp", "_diff")
 # What Pathway's strptime("%Y-%m-%d %H:%M:%S.%f %z") accepts, in Polars' dialect: rows
 # that pass here never make the Pathway expression fail.
 PARSE_FORMAT = "%Y-%m-%d %H:%M:%S%.f %z"
 
 
 def split_valid(batch: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(valid rows with `date`, `message`, `_commit_version`; rejects with `reason`)."""
+    """(valid rows with `date`, `message`, `_commit_version`, `_diff`; rejects with `reason`).
+
+    `_diff` is +1 for a row the input gained and -1 for one it lost (a delete, or the
+    pre-image of an update); the source sets it, and batches without it are appends.
+    """
     frame = pl.from_arrow(batch)
     assert isinstance(frame, pl.DataFrame)
-    if "_change_type" in frame.columns:  # appends only: inserts are all we read
-        frame = frame.filter(pl.col("_change_type") == "insert")
+    if "_diff" not in frame.columns:
+        frame = frame.with_columns(_diff=pl.lit(1, pl.Int64))
     extra = [c for c in frame.columns if c not in EXPECTED and c not in CDF_COLUMNS]
     reasons: list[pl.Expr] = []
     for col in EXPECTED:
@@ -48,7 +52,9 @@ def split_valid(batch: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame]:
         pl.lit(None, pl.String),
     )
     frame = frame.with_columns(_reason=reason)
-    valid = frame.filter(pl.col("_reason").is_null()).select("date", "message", "_commit_version")
+    valid = frame.filter(pl.col("_reason").is_null()).select(
+        "date", "message", "_commit_version", pl.col("_diff").cast(pl.Int64)
+    )
     bad = frame.filter(pl.col("_reason").is_not_null())
     if bad.height:
         raw_cols = [c for c in bad.columns if c not in CDF_COLUMNS and c != "_reason"]
