@@ -20,7 +20,7 @@ from assets.latency import LATENCY_ASSET
 from assets.operations import maintenance_job
 from deltabus.errors import DeltabusError
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE
-from deltabus.service import lag
+from deltabus.service import lag, other_live_etl
 from resources.etl import REPO_ROOT, EtlServiceResource
 from resources.lake import LakeResource
 
@@ -110,19 +110,29 @@ def etl_service_sensor(
         context.log.warning(f"cannot read the lag: {exc}")
         lagging = None
     restarted = False
+    fenced_by = None
     if status.enabled and not status.alive:
-        context.log.warning(
-            f"the ETL service (pid {status.pid}) is not running; relaunching it. "
-            f"Last log lines:\n{service.log_tail(10)}"
-        )
-        status = service.restart(env=lake.subprocess_env(), cwd=REPO_ROOT)
-        restarted = True
+        fenced_by = other_live_etl(lk, status.pid)
+        if fenced_by:
+            # Relaunching would fence that ETL in turn: two writers taking turns.
+            context.log.warning(
+                f"the ETL service (pid {status.pid}) is not running: another ETL holds "
+                f"timezone_unified ({fenced_by}); not relaunching while it runs"
+            )
+        else:
+            context.log.warning(
+                f"the ETL service (pid {status.pid}) is not running; relaunching it. "
+                f"Last log lines:\n{service.log_tail(10)}"
+            )
+            status = service.restart(env=lake.subprocess_env(), cwd=REPO_ROOT)
+            restarted = True
     if lagging is not None and lagging["unified_version"] is not None:
         metadata = {
             "service_alive": status.alive,
             "service_enabled": status.enabled,
             "service_restarted": restarted,
             "service_restarts": status.restarts,
+            "held_by_other_etl": fenced_by or "",
             "max_lag_s": float(lagging["max_lag_s"]),
             "data_commits_behind": int(lagging["data_commits_behind"]),
             "delta_version": int(lagging["unified_version"]),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -234,6 +235,25 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def other_live_etl(lake: Lake, service_pid: int | None) -> str | None:
+    """Describes the ETL holding the unified table when it is not the service and may run.
+
+    The service's sensor relaunches a dead service, but not when another ETL fenced it
+    and still runs (on another host, whether it runs cannot be told: assume it does).
+    """
+    from deltabus.etl.fence import describe_owner, lease_holder
+
+    if not lake.exists(UNIFIED_TABLE):
+        return None
+    holder = lease_holder(lake.open(UNIFIED_TABLE))
+    if holder is None or holder["alive"] is False:
+        return None
+    owner = holder["owner"] or {}
+    if owner.get("pid") == service_pid and owner.get("host") == socket.gethostname():
+        return None  # the service's own epoch: it died, relaunch it
+    return f"epoch {holder['epoch']}: {describe_owner(holder['owner'])}"
 
 
 # -- lag ------------------------------------------------------------------------------

@@ -118,6 +118,7 @@ def append_once(
     what: str,
     markers: dict[str, int] | None = None,
     checkpointer: BackgroundCheckpointer | None = None,
+    fence: Callable[[DeltaTable], None] | None = None,
 ) -> bool:
     """Append `data` as commit `seq` of writer `app_id`, exactly once.
 
@@ -132,6 +133,10 @@ def append_once(
     when old log files expire. With a `checkpointer` the commit skips delta-rs'
     inline checkpoint and log cleanup and hands them to it (callers commit with
     `checkpointer.refreshed(dt)`, which swaps in a handle loaded after the checkpoint).
+    `fence` is called with the re-read table before every retry and raises when this
+    writer has been fenced (deltabus.etl.fence): only then does "(app_id, seq) is
+    already there" prove that the earlier attempt landed, rather than another writer
+    of the same app id having taken the slot.
     Returns False when the commit had already landed.
     """
     props = CommitProperties(
@@ -150,6 +155,8 @@ def append_once(
         attempts += 1
         if attempts > 1:
             dt.update_incremental()
+            if fence is not None:
+                fence(dt)
             done = dt.transaction_version(app_id)
             if done is not None and done >= seq:
                 return False

@@ -22,8 +22,8 @@ from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.service import EtlService, lag, process_alive
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table, metadata
-from tests.conftest import use_lake_env
-from tests.helpers import assert_exactly_once, read_unified
+from tests.conftest import lake_env, use_lake_env
+from tests.helpers import assert_exactly_once, etl_process, read_unified, wait_for_file
 
 
 @pytest.fixture
@@ -180,6 +180,30 @@ def test_service_is_started_watched_relaunched_and_stopped(env):
         produce(lake, 1000, "svc2")
         wait_until(lambda: caught_up(lake, 2000), 60, "the relaunched service to catch up")
         assert_exactly_once(lake, expected=2000)  # it resumed where the commits ended
+
+        # A second ETL started by hand fences the service; the sensor must not relaunch
+        # the service while that one runs (they would fence each other in turn).
+        relaunched = service.status().pid
+        ready = env["tmp"] / "manual-ready"
+        manual = etl_process(
+            lake_env(lake), env["tmp"], "--mode", "continuous", "--ready-file", str(ready)
+        )
+        try:
+            wait_for_file(ready, manual)
+            wait_until(lambda: not process_alive(relaunched), 30, "the fenced service to exit")
+            held = sensor_events()
+            assert (
+                not held["service_restarted"] and f"pid {manual.pid}" in held["held_by_other_etl"]
+            )
+            assert not service.status().alive
+        finally:
+            manual.terminate()
+            manual.communicate(timeout=30)
+        back = sensor_events()  # the other ETL is gone: the service comes back
+        assert back["service_restarted"] and service.status().alive
+        produce(lake, 500, "svc3")
+        wait_until(lambda: caught_up(lake, 2500), 60, "the service to take over again")
+        assert_exactly_once(lake, expected=2500)
 
         stop = defs.resolve_job_def("etl_service_stop_job").execute_in_process(instance=instance)
         assert stop.success

@@ -20,6 +20,9 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus.checkpoints import BackgroundCheckpointer
+from deltabus.errors import user_storage_error
+from deltabus.etl.fence import Lease
+from deltabus.retry import retry_storage
 from deltabus.tables import UNIFIED_SCHEMA, append_once, metadata
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,9 @@ _monotonic = time.monotonic  # on_time_end's `time` argument shadows the module
 
 ETL_APP_ID = "deltabus-etl"
 BURST = 2  # commits allowed back to back; the average stays one per commit interval
+# An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
+# log listing): a fenced ETL then exits even when it has nothing more to commit.
+LEASE_CHECK_S = 5.0
 
 
 def position_marker(table: str) -> str:
@@ -53,8 +59,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         next_seq: int,
         checkpointer: BackgroundCheckpointer | None = None,
         finished_runs: Callable[[], dict[str, list[str]]] | None = None,
+        lease: Lease | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.dt = dt
+        self.lease = lease
+        self.on_failure = on_failure
         self.checkpointer = checkpointer
         self.finished_runs = finished_runs
         self.commit_interval = commit_interval
@@ -92,6 +102,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
 
     def on_time_end(self, time: int) -> None:
         if self._error is not None:
+            if self.on_failure is not None:  # the ETL is stopping its sources already
+                self._cols = ([], [], [], [])
+                return
             raise RuntimeError("Delta sink failed") from self._error
         if not self._cols[0]:
             return
@@ -113,7 +126,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self._thread.join()
         if self.checkpointer:
             self.checkpointer.close()
-        if self._error is not None:
+        if self._error is not None and self.on_failure is None:
             raise RuntimeError("Delta sink failed") from self._error
 
     # -- committer thread ---------------------------------------------------------------
@@ -130,7 +143,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         """
         try:
             while True:
-                self._wake.wait()
+                if not self._wake.wait(LEASE_CHECK_S if self.lease is not None else None):
+                    self._check_lease()
+                    continue
                 self._wake.clear()
                 if not self._closing:
                     self._gather()
@@ -143,8 +158,32 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
                 if closing:
                     return
         except BaseException as exc:  # surfaced to Pathway on its next callback
-            log.exception("Delta sink commit failed")
+            # A failure a user can fix (fenced, disk full, read-only, access) becomes one
+            # clear error; anything else keeps its traceback for a bug report.
+            clear = user_storage_error(exc, "timezone_unified")
+            if clear is not None:
+                if clear is not exc:
+                    clear.__cause__ = exc
+                log.error("Delta sink stopped: %s", clear.problem)
+                exc = clear
+            else:
+                log.exception("Delta sink commit failed")
             self._error = exc
+            if self.on_failure is not None:
+                # Pathway calls back only when data flows: an idle ETL would otherwise
+                # live on with a dead sink. The ETL stops its sources on this.
+                self.on_failure(exc)
+
+    def _check_lease(self) -> None:
+        """Idle: raise `FencedError` if a newer ETL has claimed the table meanwhile."""
+        assert self.lease is not None
+        retry_storage(self.dt.update_incremental, what="check the ETL lease")
+        self.lease.check(self.dt)
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the committer thread stopped, if it failed."""
+        return self._error
 
     def _token_wait(self) -> float:
         """Seconds until the rate limit allows the next commit."""
@@ -192,8 +231,13 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         seq = self.seq
         started = time.monotonic()
         if self.checkpointer:
+            previous = self.dt
             self.dt = self.checkpointer.refreshed(self.dt)
+            if self.lease is not None and self.dt is not previous:
+                self.lease.check(self.dt)  # the fresh handle may include a newer claim
         info: dict[str, object] = {"etl.positions": positions, "etl.seq": seq}
+        if self.lease is not None:  # who wrote it: names the holder to a second ETL
+            info.update({"etl.epoch": self.lease.epoch, "etl.owner": self.lease.owner})
         if self.finished_runs:
             info["etl.finished_runs"] = self.finished_runs()
         append_once(
@@ -204,6 +248,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             custom_metadata=metadata(**info),
             what="commit to timezone_unified",
             checkpointer=self.checkpointer,
+            fence=self.lease.check if self.lease is not None else None,
             markers={position_marker(t): v for t, v in positions.items() if v >= 0},
         )
         self.seq += 1
