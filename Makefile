@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars minio-bin minio minio-down dagster-home demo test lint format bench ui clean
+.PHONY: help venv kafka-jars minio-bin minio minio-down dagster-home demo test chaos lint format bench ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,10 @@ kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabu
 
 test: venv minio-bin kafka-jars  ## run the test suite (starts its own MinIO)
 	$(PY) -m pytest -q
+
+chaos: venv minio-bin  ## a 10-minute seeded chaos soak (SIGKILLs, MinIO restarts, second ETLs); SEED=n
+	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \
+	  $(PY) -m pytest -q -s tests/test_chaos.py
 
 lint: venv  ## ruff lint and format check
 	$(PY) -m ruff check .

@@ -260,16 +260,14 @@ def other_live_etl(lake: Lake, service_pid: int | None) -> str | None:
 
 
 def recorded_positions(lake: Lake) -> tuple[dict[str, int], dict[str, Any] | None]:
-    """Input versions covered by the unified table's last ETL commit, and that commit."""
-    positions = dict.fromkeys(INPUT_TABLES, -1)
+    """Input versions the ETL has covered (as the ETL itself reads them), and its last commit."""
+    from deltabus.etl.positions import recorded_positions as etl_positions
+
     if not lake.exists(UNIFIED_TABLE):
-        return positions, None
-    info = find_commit(
-        lake.open(UNIFIED_TABLE), lambda c: meta(c, "etl.positions") is not None, limit=1000
-    )
-    if info is not None:
-        positions.update({k: int(v) for k, v in meta(info, "etl.positions").items()})
-    return positions, info
+        return dict.fromkeys(INPUT_TABLES, -1), None
+    dt = lake.open(UNIFIED_TABLE)
+    positions, _ = etl_positions(dt)
+    return positions, find_commit(dt, lambda c: meta(c, "etl.seq") is not None, limit=200)
 
 
 def lag(lake: Lake, now: float | None = None) -> dict[str, Any]:

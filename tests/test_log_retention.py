@@ -54,3 +54,38 @@ def test_expired_log_keeps_state_and_is_detected(tmp_path: Path) -> None:
     tail = DeltaLogTail(lake, "timezone1")
     with pytest.raises(StorageError, match="expired from the Delta log"):
         tail.commit(1)
+
+
+def test_lag_agrees_with_the_etl_after_log_cleanup(tmp_path: Path) -> None:
+    """The service's lag reads positions as the ETL does, also once ETL commits expired."""
+    from deltalake import DeltaTable
+
+    from deltabus.etl.fence import claim
+    from deltabus.etl.positions import recorded_positions
+    from deltabus.lake import UNIFIED_TABLE
+    from deltabus.tables import UNIFIED_SCHEMA
+    from deltabus.service import lag
+
+    lake = Lake(
+        Settings(storage="local", local_root=tmp_path / "lake", prefix="p", log_retention_s=10)
+    )
+    env = lake_env(lake) | {"DELTABUS_LOG_RETENTION_S": "10"}
+    config = ProducerConfig(rate=2000, count=4000, commit_interval=0.05, run_id="lagdrift")
+    Producer(lake, config).run()
+    etl = run_cli(["etl"], env, tmp_path)
+    assert etl.returncode == 0, etl.stderr[-2000:]
+    before = lag(lake)
+    assert before["data_commits_behind"] == 0
+
+    time.sleep(11)  # every ETL commit is now older than the retention
+    unified = DeltaTable(lake.uri(UNIFIED_TABLE))
+    claim(unified, UNIFIED_TABLE, UNIFIED_SCHEMA, "continuous")  # a new ETL starts: no rows
+    unified.create_checkpoint()
+    unified.cleanup_metadata()
+    # Only the claim's log file is left: no commit metadata records positions any more.
+    assert log_files(lake, UNIFIED_TABLE) == [f"{unified.version():020d}.json"]
+    positions, _ = recorded_positions(DeltaTable(lake.uri(UNIFIED_TABLE)))
+    after = lag(lake)
+    assert {t: v["processed_version"] for t, v in after["tables"].items()} == positions
+    assert all(v >= 0 for v in positions.values())
+    assert after["data_commits_behind"] == 0

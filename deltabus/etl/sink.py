@@ -22,22 +22,17 @@ from deltalake import DeltaTable
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import user_storage_error
 from deltabus.etl.fence import Lease
+from deltabus.etl.positions import ETL_APP_ID, position_marker
 from deltabus.retry import retry_storage
 from deltabus.tables import UNIFIED_SCHEMA, append_once, metadata
 
 log = logging.getLogger(__name__)
 _monotonic = time.monotonic  # on_time_end's `time` argument shadows the module
 
-ETL_APP_ID = "deltabus-etl"
 BURST = 2  # commits allowed back to back; the average stays one per commit interval
 # An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
 # log listing): a fenced ETL then exits even when it has nothing more to commit.
 LEASE_CHECK_S = 5.0
-
-
-def position_marker(table: str) -> str:
-    """App transaction holding the last input version of `table` in the output."""
-    return f"{ETL_APP_ID}@{table}"
 
 
 @dataclass

@@ -1,0 +1,187 @@
+"""Chaos: a seeded run that SIGKILLs the ETL and the producer, restarts MinIO and starts a
+second ETL, then counts independently (deltalake and Polars only) that no message was lost
+or duplicated.
+
+The suite's run is short (`DELTABUS_CHAOS_SECONDS`, default 35 s of faults); `make chaos`
+runs a longer soak with other seeds.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+from deltalake import DeltaTable
+
+from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.local_minio import MinioServer
+from tests.conftest import lake_env, minio_settings_for
+from tests.test_faults import own_minio  # noqa: F401 - fixture
+
+CHAOS_SECONDS = float(os.environ.get("DELTABUS_CHAOS_SECONDS", "35"))
+SEED = int(os.environ.get("DELTABUS_CHAOS_SEED", "20261122"))
+RATE = 1500
+
+
+@dataclass
+class Fleet:
+    """The processes of the run, each logging to its own file."""
+
+    env: dict[str, str]
+    cwd: Path
+    count: int
+    etls: list[subprocess.Popen] = field(default_factory=list)
+    producer: subprocess.Popen | None = None
+    logs: dict[int, Path] = field(default_factory=dict)
+    fenced: int = 0
+    n: int = 0
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+        self.n += 1
+        log = self.cwd / f"{self.n:03d}-{name}.log"
+        with log.open("w") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "deltabus", *args],
+                env=self.env,
+                cwd=self.cwd,
+                stdout=fh,
+                stderr=fh,
+            )
+        self.logs[proc.pid] = log
+        return proc
+
+    def start_etl(self) -> None:
+        self.etls.append(self._spawn("etl", "etl", "--mode", "continuous"))
+
+    def start_producer(self) -> None:
+        self.producer = self._spawn(
+            "producer",
+            "produce",
+            "--run-id",
+            "chaos",
+            "--count",
+            str(self.count),
+            "--rate",
+            str(RATE),
+            "--commit-interval-ms",
+            "100",
+        )
+
+    def log(self, proc: subprocess.Popen) -> str:
+        return self.logs[proc.pid].read_text(errors="replace")
+
+    def reap(self) -> None:
+        """Forget ETLs that ended; one that ended on its own must have been fenced."""
+        for proc in list(self.etls):
+            code = proc.poll()
+            if code is None:
+                continue
+            self.etls.remove(proc)
+            if code == -signal.SIGKILL:
+                continue
+            text = self.log(proc)
+            assert code == 2 and "another ETL took over" in text, (
+                f"ETL exit {code}:\n{text[-3000:]}"
+            )
+            assert "Traceback" not in text, text[-3000:]
+            self.fenced += 1
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def independent_verdict(lake: Lake) -> dict[str, int]:
+    """Lost and duplicated messages, from the Delta tables alone."""
+
+    def read(table: str, columns: list[str]) -> pl.DataFrame:
+        dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+        return pl.from_arrow(dt.to_pyarrow_table(columns=columns))  # type: ignore[return-value]
+
+    inputs = pl.concat([read(t, ["message"]) for t in INPUT_TABLES])
+    net = read(UNIFIED_TABLE, ["message", "diff"]).group_by("message").agg(pl.col("diff").sum())
+    joined = inputs.join(net, on="message", how="full", coalesce=True)
+    return {
+        "inputs": inputs.height,
+        "input_duplicates": inputs.height - inputs["message"].n_unique(),
+        "lost": joined.filter(pl.col("diff").fill_null(0) < 1).height,
+        "duplicated": joined.filter(pl.col("diff") > 1).height,
+        "unexpected": net.filter(~pl.col("message").is_in(inputs["message"].implode())).height,
+    }
+
+
+def test_chaos_exactly_once(own_minio: MinioServer, tmp_path: Path):  # noqa: F811
+    rng = random.Random(SEED)
+    lake = Lake(minio_settings_for(own_minio, "chaos"))
+    lake.init_bucket()
+    count = int(RATE * (CHAOS_SECONDS + 5))
+    fleet = Fleet(lake_env(lake) | {"DELTABUS_RETRY_MAX_WAIT_S": "120"}, tmp_path, count)
+    fleet.start_producer()
+    fleet.start_etl()
+    actions: list[str] = []
+    deadline = time.monotonic() + CHAOS_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(rng.uniform(1.5, 4.0))
+        fleet.reap()
+        if not fleet.etls:
+            fleet.start_etl()
+        action = rng.choice(["kill-etl", "kill-producer", "restart-minio", "second-etl"])
+        actions.append(action)
+        if action == "kill-etl" and fleet.etls:
+            fleet.kill(rng.choice(fleet.etls))
+            fleet.reap()
+            if not fleet.etls:
+                fleet.start_etl()
+        elif action == "kill-producer" and fleet.producer and fleet.producer.poll() is None:
+            fleet.kill(fleet.producer)
+            fleet.start_producer()  # same run id: resumes
+        elif action == "restart-minio":
+            own_minio.stop()
+            time.sleep(rng.uniform(1.0, 4.0))
+            own_minio.start()
+        elif action == "second-etl":
+            fleet.start_etl()
+    print("chaos actions:", actions)
+    # Let the producer finish (restarting it if a fault ended it), then drain.
+    while True:
+        assert fleet.producer is not None
+        code = fleet.producer.wait(timeout=300)
+        if code == 0:
+            break
+        assert code == -signal.SIGKILL, fleet.log(fleet.producer)[-3000:]
+        fleet.start_producer()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        fleet.reap()
+        if len(fleet.etls) <= 1:
+            break
+        time.sleep(0.5)
+    assert len(fleet.etls) <= 1, "a fenced ETL did not stop"
+    for proc in fleet.etls:
+        proc.terminate()
+        proc.wait(timeout=60)
+    final = subprocess.run(
+        [sys.executable, "-m", "deltabus", "etl", "--mode", "bounded"],
+        env=fleet.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert final.returncode == 0, final.stderr[-3000:]
+    verdict = independent_verdict(lake)
+    print("chaos verdict:", verdict, "fenced ETLs:", fleet.fenced)
+    assert verdict == {
+        "inputs": count,
+        "input_duplicates": 0,
+        "lost": 0,
+        "duplicated": 0,
+        "unexpected": 0,
+    }
