@@ -63,8 +63,8 @@ def test_lag_agrees_with_the_etl_after_log_cleanup(tmp_path: Path) -> None:
     from deltabus.etl.fence import claim
     from deltabus.etl.positions import recorded_positions
     from deltabus.lake import UNIFIED_TABLE
-    from deltabus.tables import UNIFIED_SCHEMA
     from deltabus.service import lag
+    from deltabus.tables import UNIFIED_SCHEMA
 
     lake = Lake(
         Settings(storage="local", local_root=tmp_path / "lake", prefix="p", log_retention_s=10)
