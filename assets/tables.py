@@ -63,7 +63,7 @@ def produce(
     lk = lake.lake()
     if not lk.is_local and ensure_bucket(s3.get_client(), lk.settings.bucket):
         context.log.info(f"created bucket {lk.settings.bucket}")
-    lk.check()
+    lk.check(write=True)
     cfg = EngineProducerConfig(
         rate=config.rate,
         duration=config.duration_s,

@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from deltabus.errors import ConfigError, DeltabusError
+from deltabus import retry
+from deltabus.errors import ConfigError, user_storage_error
 from deltabus.lake import Lake
 from deltabus.logs import setup_logging
 from deltabus.settings import Settings, load_settings
@@ -37,6 +38,7 @@ class State:
     env_file: Path | None = None
     prefix: str | None = None
     as_json: bool = False
+    settings: Settings | None = None  # once loaded: names the lake in storage errors
 
 
 state = State()
@@ -60,13 +62,21 @@ def _global(
 
 def settings() -> Settings:
     s = load_settings(state.env_file)
-    return s.with_prefix(state.prefix) if state.prefix else s
+    if state.prefix is not None:
+        try:
+            s = s.with_prefix(state.prefix)
+        except ConfigError as exc:
+            raise ConfigError(f"--prefix: {exc.problem}", exc.hint) from None
+    retry.configure(s.retry_max_wait_s)  # the budget may come from .env, not the environment
+    state.settings = s
+    return s
 
 
-def lake(check: bool = True) -> Lake:
+def lake(check: bool = True, write: bool = False) -> Lake:
+    """The configured lake; `check` fails fast when it is unusable, `write` when read-only."""
     lk = Lake(settings())
     if check:
-        lk.check()
+        lk.check(write=write)
     return lk
 
 
@@ -85,6 +95,25 @@ def parse_instant_us(text: str) -> int:
     return int(instant.timestamp() * 1_000_000)
 
 
+def check_output(out: Path) -> None:
+    """Fail before any work, with one clear message, when `--out` cannot be written."""
+    import tempfile
+
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory", "give a file path, e.g. results.csv")
+    parent = next(p for p in [out.parent, *out.parent.parents, Path(".")] if p.exists())
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: {parent} is not a directory", "choose another --out")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".deltabus-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out}: cannot write in {parent.absolute()}: {exc.strerror or exc}",
+            "choose a writable path for --out",
+        ) from None
+
+
 def emit(title: str, report: dict) -> None:
     """Print a report as JSON or as an aligned key/value block on stdout."""
     if state.as_json:
@@ -101,15 +130,15 @@ def init_bucket() -> None:
     """Create the configured bucket on MinIO (no-op when it exists)."""
     lk = lake(check=False)
     created = lk.init_bucket()
-    lk.check()
+    lk.check(write=True)
     s = lk.settings
     print(f"bucket '{s.bucket}' {'created' if created else 'exists'} at {s.describe()}")
 
 
 @app.command("check")
 def check() -> None:
-    """Check that the lake is reachable with the configured credentials and bucket."""
-    lk = lake()
+    """Check that the lake is reachable and writable with the configured settings."""
+    lk = lake(write=True)
     print(f"ok: {lk.settings.describe()}")
 
 
@@ -153,7 +182,7 @@ def produce(
         start_us=parse_instant_us(start_at) if start_at else None,
         **extra,
     )
-    lk = lake()
+    lk = lake(write=True)
     log.info(
         "producing %d messages at %.0f msg/s to %s (run %s)",
         config.total,
@@ -207,7 +236,7 @@ def etl(
         expected_producers=producers,
         threads=threads,
     )
-    lk = lake()
+    lk = lake(write=True)
     report = run_etl(lk, config, ready_file=ready_file)
     emit("ETL report", report.as_dict())
     report_to_dagster(
@@ -229,6 +258,7 @@ def results(
     """Export timezone_unified as CSV (timestamp,message,time,diff), ordered by time."""
     from deltabus.results import export_results
 
+    check_output(out)
     rows = export_results(lake(), out)
     print(f"wrote {rows} rows to {out}")
 
@@ -242,7 +272,7 @@ def demo(
     """Run the whole flow once, without Dagster: ETL process + producer + CSV export."""
     from deltabus.demo import run_demo
 
-    emit("demo summary", run_demo(lake(), rate=rate, duration=duration, out=out))
+    emit("demo summary", run_demo(lake(write=True), rate=rate, duration=duration, out=out))
 
 
 @minio_app.command("build")
@@ -291,13 +321,24 @@ def main() -> None:
     """Entry point: user-fixable problems print one clear message and exit with status 2."""
     try:
         app()
-    except DeltabusError as exc:
-        kind = "configuration error" if isinstance(exc, ConfigError) else "error"
-        print(f"deltabus: {kind}: {exc}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:
         print("deltabus: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:
+        # A storage failure the user must fix (read-only or full lake, access denied) may
+        # surface from delta-rs, boto3 or Pathway anywhere in a command: find it in the
+        # exception chain. Anything else is a bug, and keeps its traceback.
+        s = state.settings
+        error = user_storage_error(exc, s.describe() if s else "")
+        if error is None:
+            raise
+        kind = "configuration error" if isinstance(error, ConfigError) else "error"
+        text = f"deltabus: {kind}: {error}"
+        secret = s.secret_key.get_secret_value() if s and s.secret_key else ""
+        if secret:
+            text = text.replace(secret, "***")
+        print(text, file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def minio_up(env_file: Path | None, data_dir: Path) -> str:
         notes.append(f"MinIO started at {server.endpoint} (pid {server.process.pid})")  # type: ignore[union-attr]
     lake = Lake(settings)
     created = lake.init_bucket()
-    lake.check()
+    lake.check(write=True)
     notes.append(f"bucket '{settings.bucket}' {'created' if created else 'ready'}")
     return "; ".join(notes)
 

@@ -19,3 +19,106 @@ class ConfigError(DeltabusError):
 
 class StorageError(DeltabusError):
     """The lake cannot be reached or used: bucket, credentials, endpoint, not a Delta table."""
+
+
+# Storage failures no retry can cure: the user must free space, grant access or point
+# deltabus elsewhere. Matched (lower-cased) in the text of any exception of a chain, since
+# delta-rs, object_store, boto3 and Pathway report them as text inside their own errors.
+_READ_ONLY = ("read-only file system", "readonlyfilesystem", "(os error 30)", "erofs")
+_DISK_FULL = (
+    "no space left on device",
+    "(os error 28)",
+    "enospc",
+    "kind: storagefull",
+    "disk quota exceeded",
+    "(os error 122)",
+    "quotaexceeded",
+)
+_MINIO_FULL = (
+    "xminiostoragefull",
+    "minimum free drive threshold",
+    "storage backend has reached",
+    "insufficient storage",
+)
+_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "invalidtoken")
+_ACCESS_DENIED = ("accessdenied", "access denied", "access_denied")
+_NO_BUCKET = ("nosuchbucket",)
+_PERMISSION = ("permission denied", "(os error 13)", "permissiondenied")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception it was raised from or during (causes, contexts, groups)."""
+    seen: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        todo.extend([e.__cause__, e.__context__])  # type: ignore[list-item]
+        todo.extend(getattr(e, "exceptions", None) or ())
+    return seen
+
+
+def _excerpt(exc: BaseException) -> str:
+    """The first line of an error, shortened: enough to name the path or the request."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+def user_storage_error(exc: BaseException, where: str = "") -> DeltabusError | None:
+    """The one clear error for a storage failure a user must fix, found anywhere in the
+    exception chain of `exc` (read-only or full storage, access denied, ...); None when
+    nothing in the chain is one. `where` names the lake, for the message.
+    """
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, DeltabusError):
+            return e
+    at = f" ({where})" if where else ""
+    for e in chain:
+        text = f"{type(e).__name__}: {e}".lower()
+        errno = getattr(e, "errno", None)
+        if errno == 30 or any(m in text for m in _READ_ONLY):
+            return StorageError(
+                f"the lake storage{at} is read-only: {_excerpt(e)}",
+                "make it writable (remount it read-write or fix its permissions), or point "
+                "DELTABUS_LOCAL_ROOT / DELTABUS_PREFIX at a writable place",
+            )
+        if errno in (28, 122) or any(m in text for m in _DISK_FULL):
+            return StorageError(
+                f"no space left on the lake storage{at}: {_excerpt(e)}",
+                "free space on that disk (e.g. run lake maintenance to vacuum old files), "
+                "or point DELTABUS_LOCAL_ROOT at a disk with room",
+            )
+        if any(m in text for m in _MINIO_FULL):
+            return StorageError(
+                f"the object store's drives are full{at}: {_excerpt(e)}",
+                "free space on MinIO's drives or add capacity (e.g. run lake maintenance "
+                "to vacuum old files)",
+            )
+        if any(m in text for m in _CREDENTIALS):
+            return StorageError(
+                f"the object store rejected the credentials{at}: {_excerpt(e)}",
+                "check DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY (or MINIO_S3_ACCESS_KEY / "
+                "MINIO_S3_SECRET_ACCESS_KEY)",
+            )
+        if any(m in text for m in _NO_BUCKET):
+            return StorageError(
+                f"the bucket does not exist{at}: {_excerpt(e)}",
+                "create it with `deltabus init-bucket`, or set DELTABUS_BUCKET",
+            )
+        if any(m in text for m in _ACCESS_DENIED):
+            return StorageError(
+                f"the object store denied access{at}: {_excerpt(e)}",
+                "grant the access key read/write on the bucket (README, Security: "
+                "s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject)",
+            )
+        if errno in (1, 13) or any(m in text for m in _PERMISSION):
+            return StorageError(
+                f"permission denied{at}: {_excerpt(e)}",
+                "give this user write access to that path, or point DELTABUS_LOCAL_ROOT "
+                "(or --out) at a writable place",
+            )
+    return None

@@ -7,22 +7,28 @@ options differ, so every reader and writer takes the same code path.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from deltabus.errors import StorageError
+from deltabus.errors import StorageError, user_storage_error
+from deltabus.retry import retry_storage
 from deltabus.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INPUT_TABLES = ("timezone1", "timezone2")
 UNIFIED_TABLE = "timezone_unified"
 REJECTS_TABLE = "rejects"
 TABLE_ZONES = {"timezone1": "America/New_York", "timezone2": "Europe/Paris"}
+# Written and deleted under the lake root by `check(write=True)`; never a table name.
+PROBE_NAME = "_deltabus_write_probe"
 
 
 class Lake:
@@ -70,7 +76,9 @@ class Lake:
 
     # -- boto3, for bucket checks and bootstrap -------------------------------------
 
-    def s3_client(self, *, connect_timeout: float = 3.0, attempts: int = 1) -> Any:
+    def s3_client(
+        self, *, connect_timeout: float = 3.0, read_timeout: float = 10.0, attempts: int = 1
+    ) -> Any:
         import boto3
         from botocore.config import Config
 
@@ -84,7 +92,7 @@ class Lake:
             region_name=s.region,
             config=Config(
                 connect_timeout=connect_timeout,
-                read_timeout=10,
+                read_timeout=read_timeout,
                 retries={"max_attempts": attempts, "mode": "standard"},
                 s3={"addressing_style": "path"},
             ),
@@ -98,11 +106,13 @@ class Lake:
                 "or .env, or use DELTABUS_STORAGE=local",
             )
 
-    def check(self) -> None:
+    def check(self, write: bool = False) -> None:
         """Fail fast, with one clear message, when the lake cannot be used.
 
-        Names the problem (unreachable endpoint, wrong credentials, missing bucket) and
-        the fix; never includes the secret.
+        Names the problem (unreachable or unresponsive endpoint, wrong credentials,
+        missing bucket, and with `write` a read-only or full lake) and the fix; never
+        includes the secret. `write` writes a small probe object under the lake root and
+        deletes it again.
         """
         if self.is_local:
             root = Path(self.root)
@@ -111,20 +121,105 @@ class Lake:
                 raise StorageError(
                     f"lake root {root} is not inside a directory", "set DELTABUS_LOCAL_ROOT"
                 )
+            if write:
+                self._probe_local(root)
             return
-        from botocore.exceptions import ClientError, EndpointConnectionError
+        s = self.settings
+        client = self.s3_client(read_timeout=min(10.0, max(1.0, s.retry_max_wait_s / 4)))
+        self._s3(lambda: client.list_objects_v2(Bucket=s.bucket, MaxKeys=1), "list the bucket")
+        if write:
+            self._probe_s3(client)
+
+    def _probe_local(self, root: Path) -> None:
+        """Create the lake root if needed, write and delete a file in it, undo the mkdirs."""
+        created: list[Path] = []
+        try:
+            for directory in reversed([p for p in [root, *root.parents] if not p.exists()]):
+                directory.mkdir()
+                created.append(directory)
+            probe = root / PROBE_NAME
+            probe.write_bytes(b"deltabus write probe\n")
+            probe.unlink()
+        except OSError as exc:
+            raise user_storage_error(exc, self.settings.describe()) or StorageError(
+                f"cannot write to the lake root {root}: {exc.strerror or exc}",
+                "make it writable, or set DELTABUS_LOCAL_ROOT / DELTABUS_PREFIX",
+            ) from None
+        finally:
+            for directory in reversed(created):
+                try:
+                    directory.rmdir()
+                except OSError:
+                    pass
+
+    def _probe_s3(self, client: Any) -> None:
+        """Put a small object under the lake prefix and delete it (a key without
+        s3:DeleteObject, which only maintenance needs, leaves it in place)."""
+        from botocore.exceptions import ClientError
+
+        s = self.settings
+        key = f"{s.prefix}/{PROBE_NAME}"
+        try:
+            self._s3(
+                lambda: client.put_object(Bucket=s.bucket, Key=key, Body=b"deltabus write probe\n"),
+                "write a probe object",
+                raw_client_errors=True,
+            )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "AccessDenied":
+                raise StorageError(
+                    f"access key '{s.access_key}' may not write to s3://{s.bucket}/{s.prefix} "
+                    f"on {s.minio_endpoint} (AccessDenied on PutObject): the lake is read-only "
+                    "for this key",
+                    "grant the key s3:PutObject on the bucket (README, Security: the "
+                    "least-privilege policy), or use a key that has it",
+                ) from None
+            raise user_storage_error(exc, s.describe()) or _client_error(exc, s) from None
+        try:
+            client.delete_object(Bucket=s.bucket, Key=key)
+        except ClientError as exc:
+            log.debug("could not delete the write probe %s: %s", key, exc)
+
+    def _s3(self, fn: Callable[[], T], what: str, *, raw_client_errors: bool = False) -> T:
+        """One boto3 call: retried through timeouts and 5xx answers within the retry budget
+        (a MinIO that is starting or overloaded); refused connections and 4xx answers fail
+        at once. Each failure becomes one clear message."""
+        from botocore.exceptions import (
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            ReadTimeoutError,
+        )
         from botocore.exceptions import ConnectionError as BotoConnectionError
 
         s = self.settings
-        client = self.s3_client()
+
+        def passing(exc: BaseException) -> bool:
+            if isinstance(exc, ReadTimeoutError | ConnectTimeoutError):
+                return True
+            if not isinstance(exc, ClientError) or user_storage_error(exc) is not None:
+                return False
+            return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+
+        started = time.monotonic()
         try:
-            client.list_objects_v2(Bucket=s.bucket, MaxKeys=1)
+            return retry_storage(fn, what=what, max_wait=s.retry_max_wait_s, transient=passing)
+        except ReadTimeoutError:
+            raise StorageError(
+                f"MinIO at {s.minio_endpoint} accepts connections but does not answer "
+                f"(no reply to '{what}' in {time.monotonic() - started:.0f}s of retries)",
+                "check that DELTABUS_MINIO_ENDPOINT is a healthy MinIO / S3 server (its "
+                "logs, disk, load), or allow longer with DELTABUS_RETRY_MAX_WAIT_S",
+            ) from None
         except (EndpointConnectionError, BotoConnectionError) as exc:
             raise StorageError(
                 f"cannot reach MinIO at {s.minio_endpoint} ({type(exc).__name__})",
                 "start MinIO (`make minio`) or set DELTABUS_MINIO_ENDPOINT to a running server",
             ) from None
         except ClientError as exc:
+            if raw_client_errors:
+                raise
             raise _client_error(exc, s) from None
 
     def init_bucket(self) -> bool:
@@ -132,18 +227,17 @@ class Lake:
         if self.is_local:
             Path(self.root).mkdir(parents=True, exist_ok=True)
             return False
-        from botocore.exceptions import ClientError, EndpointConnectionError
+        from botocore.exceptions import ClientError
 
         s = self.settings
-        client = self.s3_client()
+        client = self.s3_client(read_timeout=min(10.0, max(1.0, s.retry_max_wait_s / 4)))
         try:
-            client.create_bucket(Bucket=s.bucket)
+            self._s3(
+                lambda: client.create_bucket(Bucket=s.bucket),
+                "create the bucket",
+                raw_client_errors=True,
+            )
             return True
-        except EndpointConnectionError:
-            raise StorageError(
-                f"cannot reach MinIO at {s.minio_endpoint}",
-                "start MinIO (`make minio`) or set DELTABUS_MINIO_ENDPOINT",
-            ) from None
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):

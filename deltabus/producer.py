@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Schema
+from deltalake.schema import PrimitiveType
 
 from deltabus.checkpoints import BackgroundCheckpointer
-from deltabus.errors import ConfigError
+from deltabus.errors import ConfigError, StorageError
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
 from deltabus.retry import retry_storage
@@ -139,6 +140,18 @@ def build_batches(
     return out
 
 
+def _columns(schema: Schema) -> list[tuple[str, str]]:
+    """(name, Delta type) per column, e.g. ("message", "string")."""
+    return [
+        (f.name, f.type.type if isinstance(f.type, PrimitiveType) else str(f.type))
+        for f in schema.fields
+    ]
+
+
+def _show(columns: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in columns)
+
+
 MAX_IN_FLIGHT = 3  # commits per table queued behind the one being written
 
 
@@ -242,7 +255,28 @@ class Producer:
             },
         )
 
+    def check_schemas(self) -> None:
+        """Refuse input tables that exist with another schema than the contract, before
+        anything is written to either table (a foreign table must not get half a run)."""
+        expected = _columns(Schema.from_arrow(INPUT_SCHEMA))
+        for name in INPUT_TABLES:
+            present = retry_storage(
+                lambda n=name: self.lake.require_delta_or_absent(n), what=f"look for {name}"
+            )
+            if not present:
+                continue
+            dt = retry_storage(lambda n=name: self.lake.open(n), what=f"open {name}")
+            found = _columns(dt.schema())
+            if found != expected:
+                raise StorageError(
+                    f"table {name} at {self.lake.uri(name)} has columns ({_show(found)}), "
+                    f"not the input contract ({_show(expected)}); nothing was written",
+                    "point DELTABUS_PREFIX (or --prefix) at a deltabus lake, or move that "
+                    "table away",
+                )
+
     def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:
+        self.check_schemas()
         for name in INPUT_TABLES:
             self.tables[name] = retry_storage(
                 lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"

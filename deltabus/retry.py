@@ -8,11 +8,14 @@ saying what we are waiting for, so a MinIO restart costs time, never data.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from deltabus.errors import ConfigError, DeltabusError, user_storage_error
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ TRANSIENT_MARKERS = (
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures an outage explains (network, 5xx), not for ones a user must fix."""
+    if user_storage_error(exc) is not None:
+        return False  # read-only or full storage, access denied: waiting will not help
     if isinstance(exc, ConnectionError | TimeoutError):
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
@@ -71,8 +76,38 @@ def is_transient(exc: BaseException) -> bool:
     return any(marker in text for marker in TRANSIENT_MARKERS)
 
 
+MAX_WAIT_VAR = "DELTABUS_RETRY_MAX_WAIT_S"
+DEFAULT_MAX_WAIT_S = 300.0
+_configured_max_wait: float | None = None
+
+
+def configure(max_wait: float | None) -> None:
+    """Use this retry budget (seconds) in this process, e.g. `Settings.retry_max_wait_s`,
+    which may come from a `.env` file; None goes back to the environment variable."""
+    global _configured_max_wait
+    _configured_max_wait = None if max_wait is None else float(max_wait)
+
+
+def parse_max_wait(text: str) -> float:
+    """The retry budget from the environment variable's text; ConfigError when invalid."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"invalid settings: {MAX_WAIT_VAR}={text!r} is not a number of seconds >= 0",
+            f"set {MAX_WAIT_VAR} to how long storage calls may retry, e.g. 300",
+        )
+    return value
+
+
 def max_wait_s() -> float:
-    return float(os.environ.get("DELTABUS_RETRY_MAX_WAIT_S", "300"))
+    """How long storage calls retry: the configured budget, else $DELTABUS_RETRY_MAX_WAIT_S."""
+    if _configured_max_wait is not None:
+        return _configured_max_wait
+    text = os.environ.get(MAX_WAIT_VAR)
+    return DEFAULT_MAX_WAIT_S if text is None else parse_max_wait(text)
 
 
 def retry_storage(
@@ -83,11 +118,13 @@ def retry_storage(
     max_delay: float = 5.0,
     max_wait: float | None = None,
     also_retry: Callable[[BaseException], bool] | None = None,
+    transient: Callable[[BaseException], bool] = is_transient,
 ) -> T:
     """Call `fn`, retrying transient storage failures with capped exponential backoff.
 
     `also_retry` marks further retryable failures (commit conflicts): those are retried
-    quickly and quietly, since they mean contention rather than an outage.
+    quickly and quietly, since they mean contention rather than an outage. `transient`
+    tells outages from other failures (default: `is_transient`).
     """
     budget = max_wait_s() if max_wait is None else max_wait
     deadline = time.monotonic() + budget
@@ -96,13 +133,15 @@ def retry_storage(
     while True:
         try:
             return fn()
+        except DeltabusError:
+            raise  # a problem a user must fix (or a fenced writer): never retried
         except Exception as exc:  # noqa: BLE001 - classified below
             attempt += 1
             if also_retry is not None and also_retry(exc) and time.monotonic() < deadline:
                 log.debug("%s: %s; retrying", what, exc)
                 time.sleep(random.uniform(0.001, 0.005 * min(attempt, 10)))
                 continue
-            if not is_transient(exc) or time.monotonic() + delay > deadline:
+            if not transient(exc) or time.monotonic() + delay > deadline:
                 raise
             first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             log.warning(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +17,32 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from deltabus.errors import ConfigError
 
 ENV_FILE_VAR = "DELTABUS_ENV_FILE"
+PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9._=-]+")
+PREFIX_HINT = (
+    "use '/'-separated names of letters, digits, '.', '_', '-' and '=', "
+    "e.g. lake or team/lake (no leading '/', no '..' and no empty parts)"
+)
+
+
+def check_prefix(value: str) -> str:
+    """A lake prefix that stays inside the bucket (or local root): relative, no `..`.
+
+    Trailing slashes are dropped; anything that could escape the lake root, or that
+    storage would read differently from what was written, raises ValueError.
+    """
+    prefix = value.rstrip("/")
+    if not prefix:
+        raise ValueError("the prefix is empty")
+    if prefix.startswith("/"):
+        raise ValueError("an absolute path is not a prefix")
+    for part in prefix.split("/"):
+        if not part:
+            raise ValueError("empty path segment ('//')")
+        if part in (".", ".."):
+            raise ValueError(f"'{part}' segments are not allowed")
+        if not PREFIX_SEGMENT.fullmatch(part):
+            raise ValueError(f"segment {part!r} has characters other than letters, digits, ._=-")
+    return prefix
 
 
 class Settings(BaseSettings):
@@ -49,11 +75,13 @@ class Settings(BaseSettings):
     log_retention_s: int | None = Field(None, ge=10)
     # Versions between the checkpoints deltabus writers write on a background thread.
     checkpoint_interval: int = Field(100, ge=1, le=10_000)
+    # Seconds storage calls retry through an outage (deltabus.retry), DELTABUS_RETRY_MAX_WAIT_S.
+    retry_max_wait_s: float = Field(300.0, ge=0, allow_inf_nan=False)
 
     @field_validator("prefix")
     @classmethod
-    def _strip_slashes(cls, value: str) -> str:
-        return value.strip("/")
+    def _safe_prefix(cls, value: str) -> str:
+        return check_prefix(value)
 
     @field_validator("bucket")
     @classmethod
@@ -72,8 +100,15 @@ class Settings(BaseSettings):
         return value.rstrip("/")
 
     def with_prefix(self, prefix: str) -> Settings:
-        """The same lake connection under another prefix (benchmarks and tests use fresh ones)."""
-        return self.model_copy(update={"prefix": prefix.strip("/")})
+        """The same lake connection under another prefix (benchmarks and tests use fresh ones).
+
+        The prefix is validated as DELTABUS_PREFIX is (model_copy skips validators).
+        """
+        try:
+            safe = check_prefix(prefix)
+        except ValueError as exc:
+            raise ConfigError(f"invalid lake prefix {prefix!r}: {exc}", PREFIX_HINT) from None
+        return self.model_copy(update={"prefix": safe})
 
     def describe(self) -> str:
         """Where the lake is, for log lines: never includes the secret."""
@@ -89,29 +124,50 @@ def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: o
     A named file that cannot be read is an error, never silently skipped.
     """
     path = env_file or os.environ.get(ENV_FILE_VAR)
+    named = bool(path)
+    if not path and Path(".env").is_file():
+        path = ".env"
     if path:
         path = Path(path)
+        where = f"settings file {path}" if named else f"settings file {path.absolute()}"
         try:
             path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(
-                f"cannot read settings file {path}: {exc.strerror or exc}",
-                f"check the path and permissions, or unset {ENV_FILE_VAR}",
-            ) from exc
-        except UnicodeDecodeError as exc:
+                f"cannot read {where}: {exc.strerror or exc}",
+                f"check the path and permissions, or unset {ENV_FILE_VAR}"
+                if named
+                else "fix its permissions, or remove it",
+            ) from None
+        except UnicodeDecodeError:
             raise ConfigError(
-                f"settings file {path} is not UTF-8 text", "save it as plain KEY=value lines"
-            ) from exc
-    elif Path(".env").is_file():
-        path = Path(".env")
+                f"{where} is not UTF-8 text",
+                "save it as plain UTF-8 KEY=value lines"
+                + ("" if named else " (or remove it: deltabus reads ./.env when present)"),
+            ) from None
     try:
         return Settings(_env_file=path, **overrides)  # type: ignore[call-arg]
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
-            for err in exc.errors()
-        )
+        errors = exc.errors()
+        problems = "; ".join(_describe(err) for err in errors)
+        bad_prefix = any(err["loc"] and err["loc"][0] == "prefix" for err in errors)
         raise ConfigError(
             f"invalid settings: {problems}",
-            "see the Configuration section of README.md for the accepted values",
+            f"DELTABUS_PREFIX: {PREFIX_HINT}"
+            if bad_prefix
+            else "see the Configuration section of README.md for the accepted values",
         ) from None
+
+
+def _describe(err: Any) -> str:
+    """One validation error as `field (VARIABLE=value): message`, never showing the secret."""
+    field = str(err["loc"][0]) if err["loc"] else ""
+    info = Settings.model_fields.get(field)
+    if info is None:
+        return f"{field or 'settings'}: {err['msg']}"
+    alias = info.validation_alias
+    variable = alias.choices[0] if isinstance(alias, AliasChoices) else f"DELTABUS_{field.upper()}"
+    shown = ""
+    if field != "secret_key" and isinstance(err.get("input"), str | int | float):
+        shown = f"={str(err['input'])[:80]!r}"
+    return f"{field} ({variable}{shown}): {err['msg']}"

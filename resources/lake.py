@@ -8,6 +8,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from deltabus.lake import Lake
+from deltabus.retry import configure as configure_retry
 from deltabus.settings import Settings, load_settings
 
 
@@ -41,13 +42,15 @@ class LakeResource(ConfigurableResource):
         if self.local_root is not None:
             overrides["local_root"] = Path(self.local_root)
         settings = load_settings(self.env_file, **overrides)
+        configure_retry(settings.retry_max_wait_s)  # a budget set in .env counts here too
         return settings.with_prefix(self.prefix) if self.prefix else settings
 
     def lake(self, check: bool = False) -> Lake:
-        """The lake; with `check=True` fail fast with one clear message when it is unusable."""
+        """The lake; with `check=True` fail fast with one clear message when it is unusable
+        (unreachable, wrong credentials, no bucket, read-only or full)."""
         lake = Lake(self.settings())
         if check:
-            lake.check()
+            lake.check(write=True)
         return lake
 
     def describe(self) -> str:

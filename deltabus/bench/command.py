@@ -171,7 +171,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
     if local_minio:
         with throwaway_minio() as (minio_settings, pid):
             return Bench(config, minio_settings, minio_pid=pid, show_progress=show_progress).run()
-    Lake(settings).check()
+    Lake(settings).check(write=True)
     return Bench(
         config, settings, minio_pid=_minio_pid(settings), show_progress=show_progress
     ).run()
