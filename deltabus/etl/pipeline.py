@@ -7,6 +7,7 @@ killed ETL restarted with the same lake produces every message exactly once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,17 +17,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pathway as pw
-from deltalake import DeltaTable
 
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError
+from deltabus.etl.fence import claim
+from deltabus.etl.positions import recorded_finished_runs, recorded_positions
 from deltabus.etl.rejects import RejectsWriter
-from deltabus.etl.sink import ETL_APP_ID, DeltaSinkObserver, position_marker
+from deltabus.etl.sink import DeltaSinkObserver
 from deltabus.etl.source import BatchSchema, DeltaTailSubject
 from deltabus.gctune import tune_gc_for_streaming
+from deltabus.intervals import (
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_POLL_INTERVAL_MS,
+    check_interval,
+)
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 from deltabus.retry import retry_storage
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table, find_commit, meta
+from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +43,15 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
 @dataclass(frozen=True)
 class EtlConfig:
     bounded: bool = True
-    commit_interval: float = 0.1
-    poll_interval: float = 0.02
+    commit_interval: float = DEFAULT_COMMIT_INTERVAL_MS / 1000
+    poll_interval: float = DEFAULT_POLL_INTERVAL_MS / 1000
     expected_producers: int = 1
     autocommit_ms: int = 10
     threads: int = 1
 
     def __post_init__(self) -> None:
-        if not 0.001 <= self.commit_interval <= 60:
-            raise ConfigError(f"commit interval must be 0.001..60 s, got {self.commit_interval}")
-        if not 0.001 <= self.poll_interval <= 60:
-            raise ConfigError(f"poll interval must be 0.001..60 s, got {self.poll_interval}")
+        check_interval(self.commit_interval, "commit interval")
+        check_interval(self.poll_interval, "poll interval")
         if not 1 <= self.threads <= 64:
             raise ConfigError(f"threads must be 1..64, got {self.threads}")
         if self.expected_producers < 1:
@@ -68,45 +73,28 @@ class EtlReport:
         return asdict(self)
 
 
-def recorded_positions(dt: DeltaTable) -> tuple[dict[str, int], int]:
-    """Input positions and next sink sequence from the unified table's log."""
-    seq = dt.transaction_version(ETL_APP_ID)
-    if seq is None:
-        return dict.fromkeys(INPUT_TABLES, -1), 0
-    positions = {t: dt.transaction_version(position_marker(t)) for t in INPUT_TABLES}
-    if any(v is None for v in positions.values()):
-        # Tables written before positions were app transactions: the commit metadata.
-        info = find_commit(dt, lambda c: meta(c, "etl.positions") is not None, limit=1000)
-        recorded = meta(info, "etl.positions") if info else {}
-        for table, value in positions.items():
-            if value is None:
-                positions[table] = int(recorded.get(table, -1))
-    return {t: int(v) for t, v in positions.items()}, seq + 1
-
-
-def recorded_finished_runs(dt: DeltaTable) -> dict[str, set[str]]:
-    """Producer runs the ETL already saw finish, per input table, from its newest commit.
-
-    Bounded mode stops once the expected producers have finished. Their finish markers
-    may sit in input log files that have expired by the time an ETL restarts, so every
-    unified commit also carries the finished runs seen so far.
-    """
-    info = find_commit(dt, lambda c: meta(c, "etl.finished_runs") is not None, limit=50)
-    recorded = meta(info, "etl.finished_runs") if info else {}
-    return {table: set(runs) for table, runs in (recorded or {}).items()}
-
-
 def unified_expression(batches: pw.Table) -> pw.Table:
     """Flatten version batches into rows and parse `date` into epoch milliseconds (UTC).
 
-    `diff` is the input row's sign: -1 for a row an input lost (delete, update pre-image),
-    which the sink writes as a retraction.
+    `date` is the canonical form the validator gives every accepted date (the grammar and
+    both expressions: deltabus.etl.dates); `timestamp` is the double nearest to its epoch
+    milliseconds. `diff` is the input row's sign: -1 for a row an input lost (delete,
+    update pre-image), which the sink writes as a retraction.
     """
+    from deltabus.etl.dates import epoch_ms, epoch_ns
+
     rows = batches.flatten(pw.this.rows)
-    return rows.select(
-        timestamp=pw.this.rows[0].dt.strptime(DATE_FORMAT).dt.timestamp(unit="ms"),
+    parsed = rows.select(
+        ns=epoch_ns(pw.this.rows[0]),
         message=pw.this.rows[1],
         diff=pw.this.rows[2],
+        source=pw.this.source,
+        version=pw.this.version,
+    )
+    return parsed.select(
+        timestamp=epoch_ms(pw.this.ns),
+        message=pw.this.message,
+        diff=pw.this["diff"],
         source=pw.this.source,
         version=pw.this.version,
     )
@@ -125,20 +113,31 @@ def run_etl(
     stop = stop or threading.Event()
     lake.require_delta_or_absent(UNIFIED_TABLE)  # inputs are checked while waiting for them
 
-    def mark_ready() -> None:
-        if ready_file is not None:
-            Path(ready_file).touch()
-
     unified = retry_storage(
         lambda: ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA), what="open timezone_unified"
     )
+    # Claim first, then read positions from the snapshot holding the claim: whatever an
+    # older ETL committed before it is included, and anything later it cannot commit.
+    mode = "bounded" if config.bounded else "continuous"
+    lease = claim(unified, UNIFIED_TABLE, UNIFIED_SCHEMA, mode)
+
+    ready_once = threading.Lock()
+
+    def mark_ready() -> None:
+        """Write the ready file (atomically, once) with this ETL's pid and epoch."""
+        if ready_file is None or not ready_once.acquire(blocking=False):
+            return
+        tmp = Path(f"{ready_file}.tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "epoch": lease.epoch, "mode": mode}))
+        tmp.replace(ready_file)
+
     positions, seq = retry_storage(lambda: recorded_positions(unified), what="read ETL positions")
     finished = retry_storage(
         lambda: recorded_finished_runs(unified), what="read finished producer runs"
     )
     log.info(
         "ETL (%s) on %s: resuming after input versions %s",
-        "bounded" if config.bounded else "continuous",
+        mode,
         lake.settings.describe(),
         positions,
     )
@@ -176,6 +175,8 @@ def run_etl(
         seq,
         checkpointer,
         finished_runs=lambda: {s.table: sorted(s.stats.finished_runs) for s in subjects},
+        lease=lease,
+        on_failure=lambda _exc: stop.set(),
     )
     pw.io.python.write(unified_rows, sink, name="delta_timezone_unified")
 
@@ -191,9 +192,17 @@ def run_etl(
     started = time.monotonic()
     try:
         pw.run(monitoring_level=pw.MonitoringLevel.NONE)
+    except Exception as exc:
+        # A connector thread failed: raise its own error (a DeltabusError tells the user
+        # what to fix), not Pathway's wrapper around it.
+        if sink.error is not None and sink.error is not exc:
+            raise sink.error from None
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if sink.error is not None:  # the sources stopped because the sink had failed
+        raise sink.error
     elapsed = time.monotonic() - started
     return EtlReport(
         rows=sink.stats.rows,

@@ -1,0 +1,183 @@
+"""The date grammar of the input tables, shared by the validator and the Pathway transform.
+
+One definition (docs/design.md, "Date grammar") and both sides built from it:
+
+- `check_dates` (Polars, vectorised, in the source): which `date` strings follow the grammar
+  and denote an instant in the accepted range, a reason for every other one, and for each
+  accepted one its canonical form;
+- `epoch_ns` and `epoch_ms` (Pathway expressions, in the transform): the canonical form to
+  epoch nanoseconds with Pathway's `strptime`, and those to epoch milliseconds as the
+  double nearest to the exact value.
+
+The grammar is the contract's `%Y-%m-%d %H:%M:%S.%f %z` with the variable parts relaxed the
+way Python's `%z` and RFC 3339 relax them: the fraction is optional and has 1 to 9 digits,
+the offset may be `Z`, have a colon and have seconds. Everything else is fixed: ASCII
+digits only, one space between the parts, nothing around the string.
+
+The canonical form `YYYY-MM-DD HH:MM:SS.fffffffff ±HHMMSS` (always 37 characters) exists
+because chrono's `%z` cannot read offset seconds: Pathway parses the first 35 characters
+(offset hours and minutes) and subtracts the offset seconds itself. The validator only
+rearranges characters (its own integer arithmetic only decides what is accepted); every
+timestamp is computed by the Pathway expression.
+"""
+
+from __future__ import annotations
+
+import pathway as pw
+import polars as pl
+from pandas import Timestamp
+
+# The contract's format (Python strptime), which every producer row follows.
+CONTRACT_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
+
+# The grammar (Rust `regex` syntax, as Polars runs it; `$` is the end of the text only).
+DATE_PATTERN = (
+    r"^(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})"
+    r" (?P<hour>[0-9]{2}):(?P<minute>[0-9]{2}):(?P<second>[0-9]{2})"
+    r"(?:\.(?P<fraction>[0-9]{1,9}))?"
+    r" (?:(?P<utc>Z)|(?P<sign>[+-])(?P<off_hour>[0-9]{2})"
+    r"(?:(?P<off_minute>[0-9]{2})(?P<off_second>[0-9]{2})?"
+    r"|:(?P<off_minute_c>[0-9]{2})(?::(?P<off_second_c>[0-9]{2}))?))$"
+)
+
+# Accepted instants: MIN_EPOCH_S <= t < MAX_EPOCH_S (seconds since 1970-01-01T00:00:00Z),
+# i.e. UTC years 1678 to 2261. Pathway (and pandas, Polars' ns datetimes) hold
+# 1677-09-21T00:12:43.145224192Z .. 2262-04-11T23:47:16.854775807Z; the margin of more than
+# a day at each end keeps every intermediate value of the transform (the local time, the
+# instant before the offset seconds are applied) inside what Pathway can hold.
+MIN_INSTANT = "1678-01-01 00:00:00 Z"
+MAX_INSTANT = "2262-01-01 00:00:00 Z"  # excluded
+MIN_EPOCH_S = -9_214_560_000
+MAX_EPOCH_S = 9_214_646_400
+
+# Canonical form handed to Pathway: its first 35 characters parse with PATHWAY_FORMAT
+# (chrono's `%.f` reads the 9-digit fraction exactly), characters 35..37 are the offset's
+# seconds and character 30 its sign.
+PATHWAY_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
+CANONICAL_LENGTH = 37
+
+NULL = "null date"
+MALFORMED = f"malformed date: expected {CONTRACT_FORMAT}"
+WHITESPACE = "malformed date: leading or trailing whitespace"
+LONG_FRACTION = "malformed date: more than 9 fractional digits"
+NO_SUCH_DAY = "invalid date: no such day in the calendar"
+BAD_TIME = "invalid time of day"
+LEAP_SECOND = "leap second (second 60): epoch time cannot represent it"
+BAD_OFFSET = "invalid UTC offset: hours must be under 24, minutes and seconds under 60"
+OUT_OF_RANGE = f"date out of range: the instant must be from {MIN_INSTANT} to before {MAX_INSTANT}"
+
+_NS_PER_S = 1_000_000_000
+_NS_PER_MS = 1_000_000
+_EXACT_FLOAT = 2**53  # integers below this convert to float exactly
+_EPOCH = Timestamp(0, tz="UTC")
+_DATE_TIME_FIELDS = ("year", "month", "day", "hour", "minute", "second")
+
+
+def _days_from_civil(y: pl.Expr, m: pl.Expr, d: pl.Expr) -> pl.Expr:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    y = y - (m <= 2).cast(pl.Int64)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * ((m + 9) % 12) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146_097 + doe - 719_468
+
+
+def check_dates(dates: pl.Series) -> pl.DataFrame:
+    """Per row: `reason` (null when the date is accepted) and `canonical` (null otherwise).
+
+    Vectorised: one regex pass and integer arithmetic over the whole batch.
+    """
+    g = (
+        pl.DataFrame({"date": dates.cast(pl.String)})
+        .with_columns(_g=pl.col("date").str.extract_groups(DATE_PATTERN))
+        .unnest("_g")
+    )
+    g = g.with_columns(
+        *(pl.col(c).cast(pl.Int64).alias(f"{c}_n") for c in _DATE_TIME_FIELDS),
+        off_minute=pl.coalesce("off_minute", "off_minute_c").fill_null("00"),
+        off_second=pl.coalesce("off_second", "off_second_c").fill_null("00"),
+        off_hour=pl.col("off_hour").fill_null("00"),
+        sign=pl.col("sign").fill_null("+"),
+    )
+    y, mo, d = pl.col("year_n"), pl.col("month_n"), pl.col("day_n")
+    h, mi, s = pl.col("hour_n"), pl.col("minute_n"), pl.col("second_n")
+    oh, om, os_ = (pl.col(c).cast(pl.Int64) for c in ("off_hour", "off_minute", "off_second"))
+    leap_year = ((y % 4 == 0) & (y % 100 != 0)) | (y % 400 == 0)
+    month_days = (
+        pl.when(mo == 2)
+        .then(28 + leap_year.cast(pl.Int64))
+        .when(mo.is_in([4, 6, 9, 11]))
+        .then(30)
+        .otherwise(31)
+    )
+    offset_s = pl.when(pl.col("sign") == "-").then(-1).otherwise(1) * (oh * 3600 + om * 60 + os_)
+    epoch_s = _days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset_s
+    reason = (
+        pl.when(pl.col("date").is_null())
+        .then(pl.lit(NULL))
+        .when(y.is_null())
+        .then(pl.lit(MALFORMED))
+        .when(~(mo.is_between(1, 12) & d.is_between(1, month_days)))
+        .then(pl.lit(NO_SUCH_DAY))
+        .when((h <= 23) & (mi <= 59) & (s == 60))
+        .then(pl.lit(LEAP_SECOND))
+        .when(~((h <= 23) & (mi <= 59) & (s <= 59)))
+        .then(pl.lit(BAD_TIME))
+        .when(~((oh <= 23) & (om <= 59) & (os_ <= 59)))
+        .then(pl.lit(BAD_OFFSET))
+        .when(~epoch_s.is_between(MIN_EPOCH_S, MAX_EPOCH_S, closed="left"))
+        .then(pl.lit(OUT_OF_RANGE))
+        .otherwise(pl.lit(None, pl.String))
+    )
+    canonical = pl.concat_str(
+        pl.col("date").str.slice(0, 19),
+        pl.lit("."),
+        pl.col("fraction").fill_null("").str.pad_end(9, "0"),
+        pl.lit(" "),
+        pl.col("sign"),
+        pl.col("off_hour"),
+        pl.col("off_minute"),
+        pl.col("off_second"),
+    )
+    out = g.select("date", reason=reason, canonical=canonical).with_columns(
+        canonical=pl.when(pl.col("reason").is_null()).then(pl.col("canonical"))
+    )
+    if (out["reason"] == MALFORMED).any():
+        # Say more about the common near misses (only batches that have some pay for it).
+        date = pl.col("date")
+        out = out.with_columns(
+            reason=pl.when(pl.col("reason") != MALFORMED)
+            .then(pl.col("reason"))
+            .when(date.str.strip_chars() != date)
+            .then(pl.lit(WHITESPACE))
+            .when(date.str.contains(r"[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{10,}"))
+            .then(pl.lit(LONG_FRACTION))
+            .otherwise(pl.col("reason"))
+        )
+    return out.select("reason", "canonical")
+
+
+def epoch_ns(canonical: pw.ColumnExpression) -> pw.ColumnExpression:
+    """Pathway expression: a canonical date (from `check_dates`) to epoch nanoseconds (int).
+
+    Pathway's `strptime` reads the date, time, fraction and the offset's hours and minutes;
+    the offset's seconds (characters 35..37) are subtracted here.
+    """
+    utc = canonical.str.slice(0, 35).dt.strptime(PATHWAY_FORMAT)
+    sign = pw.if_else(canonical.str.slice(30, 31) == "-", -1, 1)
+    offset_seconds = canonical.str.slice(35, 37).str.parse_int()
+    return (utc - _EPOCH).dt.nanoseconds() - sign * offset_seconds * _NS_PER_S
+
+
+def epoch_ms(ns: pw.ColumnExpression) -> pw.ColumnExpression:
+    """Pathway expression: epoch nanoseconds (int) to epoch milliseconds, the nearest double.
+
+    `dt.timestamp(unit="ms")` computes `float(ns) / 1e6`, two roundings, one ulp off for
+    about a quarter of today's microsecond timestamps. Here: below 2**53 `ns` is exact as a
+    float and one division rounds once; above, the whole milliseconds are exact as a float
+    and adding the sub-millisecond part rounds once, to the same double as the exact value
+    (a representable ns value is never within the fraction's rounding error of a tie).
+    """
+    whole = pw.cast(float, ns // _NS_PER_MS) + (ns % _NS_PER_MS) / _NS_PER_MS
+    return pw.if_else((ns > -_EXACT_FLOAT) & (ns < _EXACT_FLOAT), ns / _NS_PER_MS, whole)
