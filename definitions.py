@@ -11,23 +11,18 @@ resources never show a secret in the UI or the logs.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
+from dagster import Definitions
 from dotenv import load_dotenv
 
-ROOT = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:  # `resources`, `assets` and `deltabus` live beside this file
-    sys.path.insert(0, str(ROOT))
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+from assets import ASSET_CHECKS, ASSETS, JOBS, SCHEDULES, SENSORS
+from deltabus.processes import apply_process_defaults
+from resources import default_resources
+
+apply_process_defaults()
 # Like `dagster dev`, read ./.env (or $DELTABUS_ENV_FILE) so the S3 resource's EnvVars
 # resolve the same way the engine's settings do; variables already set win.
 load_dotenv(os.environ.get("DELTABUS_ENV_FILE") or ".env", override=False)
-
-from dagster import Definitions  # noqa: E402
-
-from assets import ASSET_CHECKS, ASSETS, JOBS, SCHEDULES, SENSORS  # noqa: E402
-from resources import default_resources  # noqa: E402
 
 
 def build_definitions(resources: dict[str, object] | None = None) -> Definitions:

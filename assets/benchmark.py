@@ -2,7 +2,6 @@
 
 import base64
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.common import BENCHMARK_GROUP, markdown_table
+from deltabus.processes import child_env
 from resources.etl import REPO_ROOT
 from resources.lake import LakeResource
 
@@ -81,7 +81,7 @@ def benchmark_report(
     out.mkdir(parents=True, exist_ok=True)
     command = bench_command(config, out)
     context.log.info(f"benchmark on {lake.describe()}: {' '.join(command[1:])}")
-    env = {**os.environ, **lake.subprocess_env(), "GX_ANALYTICS_ENABLED": "false"}
+    env = child_env(lake.settings())
     tail: deque[str] = deque(maxlen=40)
     proc = subprocess.Popen(
         command,

@@ -1,7 +1,5 @@
 """Op jobs: lake maintenance, and starting/stopping the continuous ETL service."""
 
-import time
-
 from dagster import (
     AssetObservation,
     Config,
@@ -15,8 +13,10 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from assets.common import markdown_table
+from deltabus.errors import DeltabusError
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE
 from deltabus.maintenance import DEFAULT_TABLES, maintain
+from deltabus.processes import wait_for_file
 from resources.etl import REPO_ROOT, EtlServiceResource
 from resources.lake import LakeResource
 from resources.s3 import list_table_objects
@@ -106,16 +106,19 @@ def start_etl_service(
         prefix=lk.settings.prefix,
         cwd=REPO_ROOT,
     )
-    deadline = time.monotonic() + config.ready_timeout_s
-    while not ready.exists():
-        if not service.status().alive:
-            raise Failure(
-                "the ETL service exited during start-up",
-                metadata={"log_tail": MetadataValue.md("```\n" + service.log_tail(30) + "\n```")},
-            )
-        if time.monotonic() > deadline:
-            raise Failure(f"the ETL service was not ready after {config.ready_timeout_s:g}s")
-        time.sleep(0.2)
+    try:
+        wait_for_file(
+            ready,
+            lambda: service.status().alive,
+            what="the ETL service",
+            timeout=config.ready_timeout_s,
+            interval=0.2,
+        )
+    except DeltabusError as exc:
+        raise Failure(
+            str(exc),
+            metadata={"log_tail": MetadataValue.md("```\n" + service.log_tail(30) + "\n```")},
+        ) from None
     context.log.info(
         f"ETL service running (pid {status.pid}) on {lk.settings.describe()}; "
         f"log: {status.log_file}"

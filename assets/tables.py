@@ -18,11 +18,13 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from assets.common import PIPELINE_GROUP, table_rows
+from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, UNIFIED_TABLE
+from deltabus.processes import etl_command
 from deltabus.producer import Producer
 from deltabus.producer import ProducerConfig as EngineProducerConfig
 from deltabus.results import export_results
-from resources.etl import PIPES_INTERNAL_WARNING, EtlServiceResource, etl_command
+from resources.etl import PIPES_INTERNAL_WARNING, EtlServiceResource
 from resources.lake import LakeResource
 from resources.s3 import ensure_bucket
 
@@ -32,7 +34,9 @@ class ProduceConfig(Config):
 
     rate: float = Field(default=2000, description="Messages per second (open-loop schedule).")
     duration_s: float = Field(default=5.0, description="Seconds to produce for.")
-    commit_interval_ms: float = Field(default=100, description="One commit per table per interval.")
+    commit_interval_ms: float = Field(
+        default=DEFAULT_COMMIT_INTERVAL_MS, description="One commit per table per interval (ms)."
+    )
     seed: int = Field(default=0, description="Seed of the table each message goes to.")
     run_id: str | None = Field(
         default=None,
@@ -67,7 +71,7 @@ def produce(
     cfg = EngineProducerConfig(
         rate=config.rate,
         duration=config.duration_s,
-        commit_interval=config.commit_interval_ms / 1000,
+        commit_interval=from_ms(config.commit_interval_ms),
         seed=config.seed,
         run_id=config.run_id or context.run.run_id.split("-")[0],
     )
@@ -104,9 +108,11 @@ class EtlConfig(Config):
     """Run config of the bounded ETL run."""
 
     commit_interval_ms: float = Field(
-        default=100, description="Commit the unified table this often."
+        default=DEFAULT_COMMIT_INTERVAL_MS, description="Commit the unified table this often (ms)."
     )
-    poll_interval_ms: float = Field(default=20, description="Poll the inputs this often.")
+    poll_interval_ms: float = Field(
+        default=DEFAULT_POLL_INTERVAL_MS, description="Poll the inputs this often (ms)."
+    )
     producers: int = Field(
         default=1, description="Finished producer runs to wait for per table before stopping."
     )
@@ -138,12 +144,9 @@ def timezone_unified(
     lk = lake.lake(check=True)
     command = etl_command(
         "bounded",
-        "--commit-interval-ms",
-        f"{config.commit_interval_ms:g}",
-        "--poll-interval-ms",
-        f"{config.poll_interval_ms:g}",
-        "--producers",
-        str(config.producers),
+        commit_interval=from_ms(config.commit_interval_ms),
+        poll_interval=from_ms(config.poll_interval_ms, "poll interval"),
+        producers=config.producers,
     )
     context.log.info(f"ETL process on {lk.settings.describe()}: {' '.join(command[1:])}")
     with warnings.catch_warnings():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -14,8 +13,10 @@ import typer
 
 from deltabus import retry
 from deltabus.errors import ConfigError, user_storage_error
+from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.lake import Lake
 from deltabus.logs import setup_logging
+from deltabus.processes import apply_process_defaults
 from deltabus.settings import Settings, load_settings
 
 log = logging.getLogger("deltabus")
@@ -152,8 +153,8 @@ def produce(
         int | None, typer.Option(help="Number of messages (or give --duration).")
     ] = None,
     commit_interval_ms: Annotated[
-        float, typer.Option(help="One commit per table per interval.")
-    ] = 100,
+        float, typer.Option(help="One commit per table per interval (1 .. 60000 ms).")
+    ] = DEFAULT_COMMIT_INTERVAL_MS,
     seed: Annotated[int, typer.Option(help="Seed for the table each message goes to.")] = 0,
     start_at: Annotated[
         str | None,
@@ -177,7 +178,7 @@ def produce(
         rate=rate,
         duration=duration,
         count=count,
-        commit_interval=commit_interval_ms / 1000,
+        commit_interval=from_ms(commit_interval_ms),
         seed=seed,
         start_us=parse_instant_us(start_at) if start_at else None,
         **extra,
@@ -212,11 +213,11 @@ def etl(
         ),
     ] = EtlMode.bounded,
     commit_interval_ms: Annotated[
-        float, typer.Option(help="Commit the unified table this often.")
-    ] = 100,
+        float, typer.Option(help="Commit the unified table this often (1 .. 60000 ms).")
+    ] = DEFAULT_COMMIT_INTERVAL_MS,
     poll_interval_ms: Annotated[
-        float, typer.Option(help="Poll the inputs for new versions this often.")
-    ] = 20,
+        float, typer.Option(help="Poll the inputs for new versions this often (1 .. 60000 ms).")
+    ] = DEFAULT_POLL_INTERVAL_MS,
     producers: Annotated[
         int, typer.Option(help="Bounded mode: finished producer runs to wait for per table.")
     ] = 1,
@@ -231,8 +232,8 @@ def etl(
 
     config = EtlConfig(
         bounded=mode is EtlMode.bounded,
-        commit_interval=commit_interval_ms / 1000,
-        poll_interval=poll_interval_ms / 1000,
+        commit_interval=from_ms(commit_interval_ms),
+        poll_interval=from_ms(poll_interval_ms, "poll interval"),
         expected_producers=producers,
         threads=threads,
     )
@@ -319,6 +320,7 @@ app.command("bench")(_bench)
 
 def main() -> None:
     """Entry point: user-fixable problems print one clear message and exit with status 2."""
+    apply_process_defaults()
     try:
         app()
     except KeyboardInterrupt:
@@ -342,5 +344,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     main()

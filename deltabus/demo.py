@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -12,26 +10,11 @@ from pathlib import Path
 from deltabus.duck import lake_connection
 from deltabus.errors import DeltabusError
 from deltabus.lake import UNIFIED_TABLE, Lake
+from deltabus.processes import ChildProcess, child_env, etl_command
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.results import export_results
 
 log = logging.getLogger(__name__)
-
-
-def etl_command(prefix: str, *args: str) -> list[str]:
-    """The command line that runs the ETL as its own process on the lake `prefix`."""
-    return [sys.executable, "-m", "deltabus", "--json", "--prefix", prefix, "etl", *args]
-
-
-def wait_ready(process: subprocess.Popen, ready: Path, timeout: float = 120) -> None:
-    """Wait until the ETL process has its dataflow running (Pathway takes seconds to load)."""
-    deadline = time.monotonic() + timeout
-    while not ready.exists():
-        if process.poll() is not None:
-            raise DeltabusError(f"the ETL process exited early with status {process.returncode}")
-        if time.monotonic() > deadline:
-            raise DeltabusError(f"the ETL process was not ready after {timeout:.0f}s")
-        time.sleep(0.05)
 
 
 def run_demo(lake: Lake, *, rate: float, duration: float, out: Path) -> dict:
@@ -41,23 +24,26 @@ def run_demo(lake: Lake, *, rate: float, duration: float, out: Path) -> dict:
     log.info(
         "demo on %s: ETL first, then %g s of producing at %g msg/s", run_lake.root, duration, rate
     )
-    ready = Path(tempfile.mkdtemp()) / "etl-ready"
-    etl = subprocess.Popen(
-        etl_command(prefix, "--mode", "bounded", "--ready-file", str(ready)),
-        stdout=subprocess.PIPE,
-    )
+    work = Path(tempfile.mkdtemp(prefix="deltabus-demo-"))
+    ready = work / "etl-ready"
+    etl = ChildProcess(
+        "etl",
+        etl_command("bounded", ready_file=ready, prefix=prefix),
+        child_env(lake.settings),
+        work,
+    ).start()
     try:
-        wait_ready(etl, ready)
+        etl.wait_file(ready, timeout=120)
         report = Producer(run_lake, ProducerConfig(rate=rate, duration=duration)).run(
             on_progress=lambda p: log.info("produced %d/%d", p["messages"], p["total"])
         )
-        stdout, _ = etl.communicate(timeout=max(120, duration * 5))
+        etl.wait(timeout=max(120, duration * 5))
     finally:
-        if etl.poll() is None:
-            etl.kill()
+        etl.stop(timeout=10)
     if etl.returncode != 0:
         raise DeltabusError(
-            f"the ETL process failed with status {etl.returncode}", "see its log above"
+            f"the ETL process failed with status {etl.returncode}",
+            f"see its log, {etl.stderr_path}:\n{etl.stderr_tail()}",
         )
     rows = export_results(run_lake, out)
     con = lake_connection(run_lake, (UNIFIED_TABLE,))
@@ -73,5 +59,5 @@ def run_demo(lake: Lake, *, rate: float, duration: float, out: Path) -> dict:
         "ETL processing latency p50/p99 (ms)": f"{p50:.0f} / {p99:.0f}",
         "results CSV": str(out),
         "elapsed (s)": round(time.monotonic() - started, 1),
-        "etl": stdout.decode().strip(),
+        "etl": etl.stdout_json(),
     }

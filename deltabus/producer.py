@@ -29,6 +29,7 @@ from deltalake.schema import PrimitiveType
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError, StorageError
 from deltabus.gctune import tune_gc_for_streaming
+from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, check_interval
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
 from deltabus.retry import retry_storage
 from deltabus.tables import INPUT_SCHEMA, append_once, ensure_table, find_commit, meta, metadata
@@ -45,7 +46,7 @@ class ProducerConfig:
     rate: float
     duration: float | None = None
     count: int | None = None
-    commit_interval: float = 0.1
+    commit_interval: float = DEFAULT_COMMIT_INTERVAL_MS / 1000
     seed: int = 0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     start_us: int | None = None  # schedule origin (epoch µs); default: when the run starts
@@ -59,10 +60,7 @@ class ProducerConfig:
             raise ConfigError(f"duration must be positive seconds, got {self.duration}")
         if self.count is not None and self.count < 0:
             raise ConfigError(f"count must be >= 0, got {self.count}")
-        if not 0.001 <= self.commit_interval <= 60:
-            raise ConfigError(
-                f"commit interval must be between 0.001 and 60 s, got {self.commit_interval}"
-            )
+        check_interval(self.commit_interval, "commit interval")
         if not self.run_id or any(c in self.run_id for c in "/: "):
             raise ConfigError(f"run id must be a non-empty word, got {self.run_id!r}")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.processes import apply_process_defaults, etl_command, stop_pid
+from deltabus.processes import process_alive as alive
 from deltabus.tables import find_commit, meta
 
 SERVICE_DIR_VAR = "DELTABUS_SERVICE_DIR"
@@ -125,8 +126,7 @@ class EtlService:
 
     @staticmethod
     def command(prefix: str | None = None, etl_args: Sequence[str] = ()) -> list[str]:
-        glob = ["--prefix", prefix] if prefix else []
-        return [sys.executable, "-m", "deltabus", *glob, "etl", "--mode", "continuous", *etl_args]
+        return [*etl_command("continuous", prefix=prefix, as_json=False), *etl_args]
 
     def start(
         self,
@@ -171,7 +171,7 @@ class EtlService:
         with self.log_file.open("ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting ETL service\n".encode())
         child_env = {**os.environ, **(env or {})}
-        child_env.setdefault("GX_ANALYTICS_ENABLED", "false")
+        apply_process_defaults(child_env)
         spawner = subprocess.run(
             [sys.executable, "-c", _SPAWN, str(self.log_file), *command],
             env=child_env,
@@ -190,51 +190,14 @@ class EtlService:
         """Disable the service and stop its process (SIGTERM, then SIGKILL after `timeout`)."""
         self._save(enabled=False)
         pid = self.pid()
-        if pid is not None and process_alive(pid):
-            _signal(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while process_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if process_alive(pid):
-                _signal(pid, signal.SIGKILL)
-                while process_alive(pid) and time.monotonic() < deadline + 10:
-                    time.sleep(0.1)
+        if process_alive(pid):
+            stop_pid(pid, timeout, "the ETL service")  # type: ignore[arg-type]
         return self.status()
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def process_alive(pid: int) -> bool:
+def process_alive(pid: int | None) -> bool:
     """True while `pid` is a running (not zombie) `deltabus etl` process."""
-    try:  # reap it if it happens to be our own child
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    proc = Path(f"/proc/{pid}")
-    if proc.parent.is_dir() and Path("/proc/self").exists():
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        state = stat.rsplit(")", 1)[-1].split()[0]
-        if state in ("Z", "X"):
-            return False
-        return b"deltabus" in cmdline and b"etl" in cmdline  # not a recycled pid
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return alive(pid, "deltabus", "etl")
 
 
 def other_live_etl(lake: Lake, service_pid: int | None) -> str | None:

@@ -99,6 +99,30 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    def to_env(self) -> dict[str, str]:
+        """DELTABUS_* variables that reproduce these settings in a child process.
+
+        The one place settings cross a process boundary (ETL processes, the service,
+        bench children, Dagster launches, tests). Holds the secret key: pass it to a
+        child's environment only, never log it.
+        """
+        env = {
+            "DELTABUS_STORAGE": self.storage,
+            "DELTABUS_LOCAL_ROOT": str(Path(self.local_root).resolve()),
+            "DELTABUS_MINIO_ENDPOINT": self.minio_endpoint,
+            "DELTABUS_ACCESS_KEY": self.access_key,
+            "DELTABUS_BUCKET": self.bucket,
+            "DELTABUS_REGION": self.region,
+            "DELTABUS_PREFIX": self.prefix,
+            "DELTABUS_CHECKPOINT_INTERVAL": str(self.checkpoint_interval),
+            "DELTABUS_RETRY_MAX_WAIT_S": f"{self.retry_max_wait_s:g}",
+        }
+        if self.log_retention_s is not None:
+            env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)
+        if self.secret_key is not None:
+            env["DELTABUS_SECRET_KEY"] = self.secret_key.get_secret_value()
+        return env
+
     def with_prefix(self, prefix: str) -> Settings:
         """The same lake connection under another prefix (benchmarks and tests use fresh ones).
 

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from dagster import ConfigurableResource, PipesSubprocessClient
 from pydantic import Field
 
+from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
+from deltabus.processes import etl_command
 from deltabus.service import EtlService
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Raised by Dagster's own Pipes session code on every run, not by anything called here.
 PIPES_INTERNAL_WARNING = r".*PipesMessageReader\.expected_writer_count.*"
-
-
-def etl_command(mode: str = "bounded", *args: str) -> list[str]:
-    """`python -m deltabus --json etl --mode MODE ARGS` with this interpreter."""
-    return [sys.executable, "-m", "deltabus", "--json", "etl", "--mode", mode, *args]
 
 
 def pipes_subprocess_client() -> PipesSubprocessClient:
@@ -35,16 +31,22 @@ class EtlServiceResource(ConfigurableResource):
         description="pid/log/state directory; default $DELTABUS_SERVICE_DIR, "
         "$DAGSTER_HOME/../deltabus-service or .deltabus/service.",
     )
-    commit_interval_ms: float = Field(default=100, description="Unified commit interval.")
-    poll_interval_ms: float = Field(default=20, description="Input polling interval.")
+    commit_interval_ms: float = Field(
+        default=DEFAULT_COMMIT_INTERVAL_MS, description="Unified commit interval (ms)."
+    )
+    poll_interval_ms: float = Field(
+        default=DEFAULT_POLL_INTERVAL_MS, description="Input polling interval (ms)."
+    )
 
     def service(self) -> EtlService:
         return EtlService(self.state_dir)
 
     def etl_args(self) -> list[str]:
-        return [
-            "--commit-interval-ms",
-            f"{self.commit_interval_ms:g}",
-            "--poll-interval-ms",
-            f"{self.poll_interval_ms:g}",
-        ]
+        """The service's interval options (checked here, before anything starts)."""
+        command = etl_command(
+            "continuous",
+            commit_interval=from_ms(self.commit_interval_ms),
+            poll_interval=from_ms(self.poll_interval_ms, "poll interval"),
+            as_json=False,
+        )
+        return command[command.index("continuous") + 1 :]

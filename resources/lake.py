@@ -62,20 +62,4 @@ class LakeResource(ConfigurableResource):
 
         Contains the secret key: pass it to the child's environment only, never log it.
         """
-        return settings_env(self.settings())
-
-
-def settings_env(s: Settings) -> dict[str, str]:
-    """Environment variables that reproduce `s` in another process."""
-    env = {
-        "DELTABUS_STORAGE": s.storage,
-        "DELTABUS_LOCAL_ROOT": str(s.local_root.resolve()),
-        "DELTABUS_MINIO_ENDPOINT": s.minio_endpoint,
-        "DELTABUS_ACCESS_KEY": s.access_key,
-        "DELTABUS_BUCKET": s.bucket,
-        "DELTABUS_REGION": s.region,
-        "DELTABUS_PREFIX": s.prefix,
-    }
-    if s.secret_key is not None:
-        env["DELTABUS_SECRET_KEY"] = s.secret_key.get_secret_value()
-    return env
+        return self.settings().to_env()

@@ -13,14 +13,31 @@ from typing import Any
 
 from dagster import EnvVar
 from dagster_aws.s3 import S3Resource
+from pydantic import AliasChoices
 
-ACCESS_KEY_VARS = ("DELTABUS_ACCESS_KEY", "MINIO_S3_ACCESS_KEY")
-SECRET_KEY_VARS = ("DELTABUS_SECRET_KEY", "MINIO_S3_SECRET_ACCESS_KEY")
-ENDPOINT_VAR = "DELTABUS_MINIO_ENDPOINT"
-REGION_VAR = "DELTABUS_REGION"
-DEFAULT_ENDPOINT = "http://127.0.0.1:9000"
-DEFAULT_REGION = "us-east-1"
-DEFAULT_ACCESS_KEY = "deltabus"
+from deltabus.settings import Settings
+
+
+def _env_names(field: str) -> tuple[str, ...]:
+    """The environment variables the engine's `Settings` reads `field` from, in order."""
+    alias = Settings.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return tuple(str(c) for c in alias.choices if str(c).isupper())
+    return (f"DELTABUS_{field.upper()}",)
+
+
+def _default(field: str) -> str:
+    return str(Settings.model_fields[field].default)
+
+
+# Names and defaults come from the engine's Settings, so the two can never disagree.
+ACCESS_KEY_VARS = _env_names("access_key")
+SECRET_KEY_VARS = _env_names("secret_key")
+ENDPOINT_VAR = _env_names("minio_endpoint")[0]
+REGION_VAR = _env_names("region")[0]
+DEFAULT_ENDPOINT = _default("minio_endpoint")
+DEFAULT_REGION = _default("region")
+DEFAULT_ACCESS_KEY = _default("access_key")
 
 
 def _env_var(names: tuple[str, ...]) -> EnvVar | None:

@@ -15,12 +15,13 @@ import pytest
 
 from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer, build_minio, find_minio
+from deltabus.processes import LAKE_ENV_PREFIXES, apply_process_defaults, child_env
 from deltabus.settings import Settings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"
 
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+apply_process_defaults()
 os.environ.setdefault("DELTABUS_RETRY_MAX_WAIT_S", "60")
 
 
@@ -76,27 +77,9 @@ def lake(request: pytest.FixtureRequest) -> Lake:
     return request.getfixturevalue(f"{request.param}_lake")
 
 
-LAKE_ENV_PREFIXES = ("DELTABUS_", "MINIO_S3_", "AWS_")
-
-
 def lake_env(lake: Lake) -> dict[str, str]:
     """Environment variables that point a `deltabus` subprocess at `lake`."""
-    s = lake.settings
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
-    env.update(
-        {
-            "DELTABUS_STORAGE": s.storage,
-            "DELTABUS_LOCAL_ROOT": str(s.local_root),
-            "DELTABUS_MINIO_ENDPOINT": s.minio_endpoint,
-            "DELTABUS_ACCESS_KEY": s.access_key,
-            "DELTABUS_BUCKET": s.bucket,
-            "DELTABUS_PREFIX": s.prefix,
-            "DELTABUS_RETRY_MAX_WAIT_S": "60",
-        }
-    )
-    if s.secret_key is not None:
-        env["DELTABUS_SECRET_KEY"] = s.secret_key.get_secret_value()
-    return env
+    return child_env(lake.settings)
 
 
 def clear_lake_env(monkeypatch: pytest.MonkeyPatch) -> None:

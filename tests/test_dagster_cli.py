@@ -35,7 +35,6 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
         **lake_env(minio_lake),
         "DAGSTER_HOME": str(home),
         "DELTABUS_SERVICE_DIR": str(tmp_path / "service"),
-        "GX_ANALYTICS_ENABLED": "false",
     }
     csv = tmp_path / "results.csv"
     config = tmp_path / "run.yaml"

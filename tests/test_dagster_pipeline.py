@@ -19,8 +19,6 @@ from deltabus.tables import REJECTS_SCHEMA, ensure_table
 from tests.conftest import lake_env, minio_settings_for
 from tests.helpers import assert_exactly_once
 
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-
 RATE, DURATION = 2000, 2.0  # 4000 messages
 
 

@@ -101,6 +101,7 @@ def test_example_env_names_are_accepted(
     """A `.env` with the published example's MINIO_S3_* names works as is."""
     env = lake_env(minio_lake)
     access, secret = env.pop("DELTABUS_ACCESS_KEY"), env.pop("DELTABUS_SECRET_KEY")
+    env.pop("DELTABUS_ENV_FILE", None)  # read ./.env, as a user would
     (tmp_path / ".env").write_text(
         f"MINIO_S3_ACCESS_KEY={access}\nMINIO_S3_SECRET_ACCESS_KEY={secret}\n"
     )

@@ -73,7 +73,7 @@ def webserver(tmp_path: Path) -> Iterator[str]:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
     port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "GX_ANALYTICS_ENABLED": "false"}
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
     log = (tmp_path / "webserver.log").open("w")
     proc = subprocess.Popen(
         [

@@ -401,6 +401,7 @@ def test_retry_budget_from_env_file(minio_lake: Lake, silent_endpoint: str, tmp_
     """DELTABUS_RETRY_MAX_WAIT_S in ./.env bounds the wait as the variable does."""
     env = lake_env(minio_lake) | {"DELTABUS_MINIO_ENDPOINT": silent_endpoint}
     env.pop("DELTABUS_RETRY_MAX_WAIT_S")
+    env.pop("DELTABUS_ENV_FILE", None)  # read ./.env, as a user would
     (tmp_path / ".env").write_text("DELTABUS_RETRY_MAX_WAIT_S=2\n")
     started = time.monotonic()
     result = run_cli(["check"], env, tmp_path, timeout=120)
@@ -414,6 +415,7 @@ def test_retry_budget_from_env_file(minio_lake: Lake, silent_endpoint: str, tmp_
 def test_non_utf8_env_file_in_the_working_directory(local_lake: Lake, tmp_path: Path) -> None:
     (tmp_path / ".env").write_bytes(b"DELTABUS_PREFIX=caf\xe9\n")
     env, secret = local_env(local_lake)
+    env.pop("DELTABUS_ENV_FILE", None)  # read ./.env, as a user would
     result = run_cli(["check"], env, tmp_path)
     assert_clean_failure(result, ".env is not UTF-8 text", "fix: save it", secret=secret)
     assert not Path(local_lake.root).exists()
@@ -430,6 +432,7 @@ def test_invalid_retry_budget(local_lake: Lake, tmp_path: Path, value: str) -> N
 def test_invalid_retry_budget_in_env_file(local_lake: Lake, tmp_path: Path) -> None:
     env, secret = local_env(local_lake)
     env.pop("DELTABUS_RETRY_MAX_WAIT_S")
+    env.pop("DELTABUS_ENV_FILE", None)  # read ./.env, as a user would
     (tmp_path / ".env").write_text("DELTABUS_RETRY_MAX_WAIT_S=soon\n")
     result = run_cli(["check"], env, tmp_path)
     assert_clean_failure(result, "DELTABUS_RETRY_MAX_WAIT_S='soon'", secret=secret)

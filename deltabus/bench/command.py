@@ -159,13 +159,11 @@ bench.__doc__ = HELP
 
 def run(config, settings, *, local_minio: bool | None = None, show_progress: bool = True) -> dict:
     """Run the benchmark on `settings` (or a throwaway MinIO); returns report.json + errors."""
-    import os
 
     from deltabus.bench.environment import minio_configured, throwaway_minio
     from deltabus.bench.runner import Bench
     from deltabus.lake import Lake
 
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     if local_minio is None:
         local_minio = not minio_configured(settings) and settings.storage == "minio"
     if local_minio:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from deltabus.errors import ConfigError
+from deltabus.intervals import parse_duration
 
 BACKBONES = ("delta", "kafka")
 
@@ -37,13 +37,7 @@ def parse_rates(text: str) -> tuple[int, ...]:
 
 def parse_profile(text: str) -> float:
     """'100ms' / '1000ms' / '1s' -> commit interval in seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*", text.lower())
-    if not m:
-        raise ConfigError(f"--profile {text!r} is not an interval", "use 100ms or 1000ms")
-    seconds = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
-    if not 0.001 <= seconds <= 60:
-        raise ConfigError(f"--profile {text!r}: the commit interval must be 1 ms .. 60 s")
-    return seconds
+    return parse_duration(text, "--profile")
 
 
 def parse_backbones(text: str) -> tuple[str, ...]:
@@ -112,10 +106,6 @@ class BenchConfig:
     @property
     def commit_interval(self) -> float:
         return parse_profile(self.profile)
-
-    @property
-    def commit_interval_ms(self) -> int:
-        return int(round(self.commit_interval * 1000))
 
     @property
     def drain_at(self) -> float:

@@ -22,38 +22,6 @@ log = logging.getLogger(__name__)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def child_env(settings: Settings, empty_env_file: Path) -> dict[str, str]:
-    """Environment for a `deltabus` child process pointing at exactly `settings`.
-
-    Inherited DELTABUS_/MINIO_S3_/AWS_ variables are dropped and the settings file is an
-    empty one, so a `.env` in the working directory cannot redirect a child elsewhere.
-    """
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DELTABUS_", "MINIO_S3_", "AWS_"))
-    }
-    empty_env_file.parent.mkdir(parents=True, exist_ok=True)
-    empty_env_file.touch()
-    env.update(
-        {
-            "DELTABUS_ENV_FILE": str(empty_env_file),
-            "DELTABUS_STORAGE": settings.storage,
-            "DELTABUS_LOCAL_ROOT": str(Path(settings.local_root).resolve()),
-            "DELTABUS_MINIO_ENDPOINT": settings.minio_endpoint,
-            "DELTABUS_ACCESS_KEY": settings.access_key,
-            "DELTABUS_BUCKET": settings.bucket,
-            "DELTABUS_REGION": settings.region,
-            "DELTABUS_PREFIX": settings.prefix,
-            "GX_ANALYTICS_ENABLED": "false",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if "DELTABUS_RETRY_MAX_WAIT_S" in os.environ:
-        env["DELTABUS_RETRY_MAX_WAIT_S"] = os.environ["DELTABUS_RETRY_MAX_WAIT_S"]
-    if settings.secret_key is not None:
-        env["DELTABUS_SECRET_KEY"] = settings.secret_key.get_secret_value()
-    return env
-
-
 def minio_configured(settings: Settings) -> bool:
     """True when the settings name a MinIO we can log in to (a secret key is set)."""
     return settings.storage == "minio" and settings.secret_key is not None

@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,99 +38,18 @@ from deltabus.bench.analysis import (
 )
 from deltabus.bench.config import BenchConfig
 from deltabus.bench.consumer import DeltaUnifiedConsumer, KafkaUnifiedConsumer, LiveStats
-from deltabus.bench.environment import CpuMeter, child_env, machine_description
+from deltabus.bench.environment import CpuMeter, machine_description
 from deltabus.bench.progress import ProgressDisplay
 from deltabus.bench.report import report_json, report_markdown, write_json
 from deltabus.bench.workload import ProducerHandle, ProducerSpec
-from deltabus.errors import DeltabusError
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.processes import ChildProcess, child_env, etl_command
 from deltabus.settings import Settings
 
 log = logging.getLogger("deltabus.bench")
 
 START_DELAY_S = 0.5  # schedule origin this far after every producer reported ready
 MAX_DRAIN_WAIT_FACTOR = 2.0  # after the producers end, wait at most this x duration + 60 s
-
-
-class ChildProcess:
-    """An ETL (or helper) process with its own session, logs in the run directory."""
-
-    def __init__(self, name: str, args: list[str], env: dict, log_dir: Path) -> None:
-        self.name = name
-        self.args = args
-        self.env = env
-        self.stdout_path = log_dir / f"{name}.out"
-        self.stderr_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
-        self.returncode: int | None = None
-
-    def start(self) -> ChildProcess:
-        out = open(self.stdout_path, "ab")  # noqa: SIM115 - owned by the child
-        err = open(self.stderr_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            self.args, env=self.env, stdout=out, stderr=err, start_new_session=True
-        )
-        out.close()
-        err.close()
-        return self
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_file(self, path: Path, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while not path.exists():
-            if not self.alive():
-                status = self.proc.returncode if self.proc else "?"
-                raise DeltabusError(
-                    f"{self.name} exited early with status {status}",
-                    f"see {self.stderr_path}",
-                )
-            if time.monotonic() > deadline:
-                raise DeltabusError(f"{self.name} was not ready after {timeout:.0f}s")
-            time.sleep(0.05)
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            os.kill(self.proc.pid, sig)  # type: ignore[union-attr]
-
-    def stop(self, timeout: float = 60) -> int | None:
-        """SIGTERM, then wait; SIGKILL after `timeout`. Returns the exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # in case it was SIGSTOPped
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0fs; killing it", self.name, timeout)
-                self.proc.kill()
-                self.proc.wait()
-        self.returncode = self.proc.returncode
-        return self.returncode
-
-    def stdout_json(self) -> dict | None:
-        try:
-            text = self.stdout_path.read_text().strip().splitlines()
-        except OSError:
-            return None
-        for line in reversed(text):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-        return None
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -231,25 +149,15 @@ class Bench:
         ]
 
     def _etl(self, prefix: str, env: dict, name: str, ready: Path) -> ChildProcess:
-        args = [
-            sys.executable,
-            "-m",
-            "deltabus",
-            "--json",
-            "--prefix",
-            prefix,
-            "etl",
-            "--mode",
-            "continuous",
-            "--commit-interval-ms",
-            str(self.cfg.commit_interval_ms),
-            "--ready-file",
-            str(ready),
-        ]
-        if self.cfg.etl_poll_ms is not None:
-            args += ["--poll-interval-ms", str(self.cfg.etl_poll_ms)]
         ready.unlink(missing_ok=True)
-        return ChildProcess(name, args, env, self.work).start()
+        command = etl_command(
+            "continuous",
+            commit_interval=self.cfg.commit_interval,
+            poll_interval=None if self.cfg.etl_poll_ms is None else self.cfg.etl_poll_ms / 1000,
+            ready_file=ready,
+            prefix=prefix,
+        )
+        return ChildProcess(name, command, env, self.work).start()
 
     def _run_delta(self, lake: Lake, state: RunState) -> tuple[pa.Table, pa.Table]:
         from deltabus.tables import INPUT_SCHEMA, UNIFIED_SCHEMA, ensure_table
@@ -260,7 +168,7 @@ class Bench:
             ensure_table(lake, table, INPUT_SCHEMA)
         unified = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
         first_version = unified.version() + 1
-        env = child_env(lake.settings, self.work / "empty.env")
+        env = child_env(lake.settings)
         ready = self.work / f"{tag}.etl-ready"
         etl = self._etl(lake.settings.prefix, env, f"{tag}-etl", ready)
         cpu = CpuMeter()
@@ -378,7 +286,7 @@ class Bench:
         tag = f"kafka-{state.rate}"
         # The broker's data is scratch (removed after the run); its log is kept in logs/.
         broker = KafkaBroker(Path(tempfile.mkdtemp(prefix=f"deltabus-bench-{tag}-")))
-        env = child_env(lake.settings, self.work / "empty.env")
+        env = child_env(lake.settings)
         cpu = CpuMeter()
         stats = LiveStats()
         handles: list[ProducerHandle] = []

@@ -139,14 +139,7 @@ def lease_holder(dt: DeltaTable) -> dict[str, Any] | None:
     owner = epoch_owner(dt, epoch)
     alive: bool | None = None
     if owner and owner.get("host") == socket.gethostname():
-        import psutil
+        from deltabus.processes import process_alive
 
-        pid = int(owner.get("pid", -1))
-        try:
-            proc = psutil.Process(pid)
-            alive = proc.status() != psutil.STATUS_ZOMBIE and any(
-                "deltabus" in part for part in proc.cmdline()
-            )
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-            alive = False
+        alive = process_alive(int(owner.get("pid", -1)), "deltabus")
     return {"epoch": epoch, "owner": owner, "alive": alive}

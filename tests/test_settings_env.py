@@ -1,0 +1,69 @@
+"""Settings cross process boundaries in one way (`Settings.to_env`), and lose nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from deltabus.processes import child_env, etl_command
+from deltabus.settings import Settings, load_settings
+from tests.conftest import clear_lake_env
+
+
+def every_field_changed(tmp_path: Path) -> Settings:
+    """Settings with no field at its default, so a field a copy forgets shows up."""
+    changed = Settings(
+        storage="local",
+        local_root=tmp_path / "root",
+        minio_endpoint="http://127.0.0.1:9123",
+        access_key="someone",
+        secret_key=SecretStr("s3cr3t-value"),
+        bucket="another-bucket",
+        region="eu-west-3",
+        prefix="team/lake",
+        log_retention_s=120,
+        checkpoint_interval=7,
+        retry_max_wait_s=42.5,
+    )
+    defaults = Settings.model_construct()
+    same = [f for f in Settings.model_fields if getattr(changed, f) == getattr(defaults, f)]
+    assert not same, f"give these fields a non-default value in the test: {same}"
+    return changed
+
+
+def test_child_environment_reproduces_every_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    original = every_field_changed(tmp_path)
+    env = child_env(original)
+    assert env["DELTABUS_CHECKPOINT_INTERVAL"] == "7"  # bench children once lost it
+    assert env["DELTABUS_REGION"] == "eu-west-3"  # test children once lost it
+    clear_lake_env(monkeypatch)
+    (tmp_path / ".env").write_text("DELTABUS_BUCKET=from-a-stray-dotenv\n")
+    monkeypatch.chdir(tmp_path)
+    for key, value in env.items():
+        if key.startswith("DELTABUS_"):
+            monkeypatch.setenv(key, value)
+    rebuilt = load_settings()  # exactly what a child process does
+    assert rebuilt == original
+
+
+def test_child_environment_drops_the_parents_lake_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("MINIO_S3_SECRET_ACCESS_KEY", "parent-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://elsewhere")
+    env = child_env(Settings(storage="local", local_root=tmp_path))
+    assert "MINIO_S3_SECRET_ACCESS_KEY" not in env and "AWS_ENDPOINT_URL" not in env
+    assert env["GX_ANALYTICS_ENABLED"] == "false"
+
+
+def test_etl_command_carries_intervals_in_milliseconds(tmp_path: Path):
+    command = etl_command(
+        "continuous", commit_interval=0.1, poll_interval=0.02, ready_file=tmp_path / "r"
+    )
+    assert command[command.index("--commit-interval-ms") + 1] == "100"
+    assert command[command.index("--poll-interval-ms") + 1] == "20"
+    assert command[command.index("--mode") + 1] == "continuous"
