@@ -1,7 +1,6 @@
 """Latency percentiles of the unified table (DuckDB), a latency-over-time plot, a p99 check."""
 
 import base64
-import io
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from assets.common import PIPELINE_GROUP, markdown_table
+from deltabus.bench.plots import latency_over_time
 from deltabus.lake import UNIFIED_TABLE
 from deltabus.latency import PERCENTILES, over_time, percentiles, unified_samples
 from resources.lake import LakeResource
@@ -50,33 +50,6 @@ class LatencyConfig(Config):
 
 def _metadata_key(name: str) -> str:
     return name.replace(".", "_")
-
-
-def plot_over_time(rows: list[dict[str, float]], title: str, path: Path) -> bytes:
-    """p50/p95/p99 per interval as a PNG (matplotlib, no display needed); returns the bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 4), dpi=100)
-    ax = fig.add_subplot()
-    t = [r["t_s"] for r in rows]
-    for key, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-        ax.plot(t, [r[key] for r in rows], style, marker=".", label=key)
-    ax.set_xlabel("send time since the first message (s)")
-    ax.set_ylabel("latency (s)")
-    ax.set_title(title)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    data = buf.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return data
 
 
 @asset(
@@ -127,11 +100,13 @@ def latency_percentiles(
         for col, label in STAGES
     ]
     scope = f"producer run {run}" if run else "all rows"
-    png = plot_over_time(
-        curve,
-        f"{UNIFIED_TABLE} latency over time ({scope})",
+    plot = latency_over_time(
         Path(config.plot_dir).resolve() / "latency_over_time.png",
+        f"{UNIFIED_TABLE} latency over time ({scope})",
+        curve,
+        config.warmup_s,
     )
+    png = plot.read_bytes()
     encoded = base64.b64encode(png).decode()
     context.log.info("latency (s):\n" + markdown_table(table))
     return MaterializeResult(

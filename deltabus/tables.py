@@ -1,4 +1,4 @@
-"""Table contracts (ARCHITECTURE.md) as Arrow schemas, and creating tables that honour them."""
+"""Table contracts (docs/design.md) as Arrow schemas, and creating tables that honour them."""
 
 from __future__ import annotations
 

@@ -20,17 +20,24 @@ def latency_over_time(
     path: Path,
     title: str,
     series: list[dict],
-    warmup_s: float,
+    warmup_s: float = 0.0,
     *,
     outage: tuple[float, float] | None = None,
     marks: list[float] | None = None,
 ) -> Path:
-    """p50/p95/p99 per interval of send time; warm-up shaded, outage and maintenance marked."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=100)
+    """p50/p95/p99 per interval of send time; warm-up shaded, outage and maintenance marked.
+
+    The one latency plot of the project (the benchmark and the Dagster latency asset).
+    Uses matplotlib's object API, not pyplot's global state, so threads can plot at once.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.5), dpi=100)
+    ax = fig.add_subplot()
     t = [r["t_s"] for r in series]
+    marker = "." if len(t) < 60 else None
     for key, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-        ax.plot(t, [r[key] for r in series], style, label=key, linewidth=1.5)
+        ax.plot(t, [r[key] for r in series], style, marker=marker, label=key, linewidth=1.5)
     if warmup_s > 0:
         ax.axvspan(0, warmup_s, color="grey", alpha=0.15, label="warm-up (discarded)")
     if outage:
@@ -46,8 +53,8 @@ def latency_over_time(
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-# ARCHITECTURE.md, "Anchors": Pathway's published Delta-on-MinIO benchmark (its own Delta
+# docs/design.md, "Anchors": Pathway's published Delta-on-MinIO benchmark (its own Delta
 # connector, single-threaded, 5-minute runs, 30 s warm-up). (p50 s, p99 s, fell behind)
 ANCHORS: dict[str, dict[int, tuple[float, float, bool]]] = {
     "1000ms": {
