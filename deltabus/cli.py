@@ -11,13 +11,12 @@ from typing import Annotated
 
 import typer
 
-from deltabus import retry
+from deltabus.bench.command import bench as bench_command
+from deltabus.cli_state import lake, state
 from deltabus.errors import ConfigError, user_storage_error
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
-from deltabus.lake import Lake
 from deltabus.logs import setup_logging
 from deltabus.processes import apply_process_defaults
-from deltabus.settings import Settings, load_settings
 
 log = logging.getLogger("deltabus")
 
@@ -35,16 +34,6 @@ minio_app = typer.Typer(
 app.add_typer(minio_app, name="minio")
 
 
-class State:
-    env_file: Path | None = None
-    prefix: str | None = None
-    as_json: bool = False
-    settings: Settings | None = None  # once loaded: names the lake in storage errors
-
-
-state = State()
-
-
 @app.callback()
 def _global(
     env_file: Annotated[
@@ -59,26 +48,6 @@ def _global(
 ) -> None:
     setup_logging(verbose)
     state.env_file, state.prefix, state.as_json = env_file, prefix, as_json
-
-
-def settings() -> Settings:
-    s = load_settings(state.env_file)
-    if state.prefix is not None:
-        try:
-            s = s.with_prefix(state.prefix)
-        except ConfigError as exc:
-            raise ConfigError(f"--prefix: {exc.problem}", exc.hint) from None
-    retry.configure(s.retry_max_wait_s)  # the budget may come from .env, not the environment
-    state.settings = s
-    return s
-
-
-def lake(check: bool = True, write: bool = False) -> Lake:
-    """The configured lake; `check` fails fast when it is unusable, `write` when read-only."""
-    lk = Lake(settings())
-    if check:
-        lk.check(write=write)
-    return lk
 
 
 def parse_instant_us(text: str) -> int:
@@ -313,9 +282,7 @@ def minio_down(
 
 # `deltabus bench`: the latency benchmark harness. Its options live in deltabus/bench/command.py,
 # which imports only typer; Pathway, matplotlib and Kafka load when the command runs.
-from deltabus.bench.command import bench as _bench  # noqa: E402
-
-app.command("bench")(_bench)
+app.command("bench")(bench_command)
 
 
 def main() -> None:

@@ -116,7 +116,7 @@ def bench(
         bool, typer.Option(help="Live progress on stderr (a terminal only; else log lines).")
     ] = True,
 ) -> None:
-    from deltabus import cli
+    from deltabus import cli_state as cli
     from deltabus.bench.config import BenchConfig, parse_backbones, parse_profile, parse_rates
 
     parse_profile(profile)

@@ -205,3 +205,40 @@ def report_markdown(
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def write_reports(
+    out: Path, cfg: Any, machine: dict, runs: list[dict], details: list[dict]
+) -> dict[str, Any]:
+    """report.json, report.md and the plots of a benchmark in `out`; returns report.json."""
+    from deltabus.bench.plots import latency_over_time, percentiles_vs_rate
+
+    plots: dict[str, str] = {}
+    for r, d in zip(runs, details, strict=True):
+        name = f"latency-{r['backbone']}-{r['rate']}.png"
+        outage = None
+        if d.get("drain"):
+            dr = d["drain"]
+            outage = (dr["down_at_s"], dr["down_at_s"] + dr["down_s"])
+        latency_over_time(
+            out / name,
+            f"{r['backbone']} at {r['rate']:,} msg/s"
+            + (f", commit {cfg.profile}" if r["backbone"] == "delta" else ""),
+            d["over_time"],
+            cfg.warmup,
+            outage=outage,
+            marks=(d.get("soak") or {}).get("maintenance_at_s"),
+        )
+        plots[f"{r['backbone']}-{r['rate']}"] = name
+    percentiles_vs_rate(out / "percentiles-vs-rate.png", cfg.profile, runs)
+    plots["rates"] = "percentiles-vs-rate.png"
+    notes = [n for d in details for n in d.get("notes", [])]
+    if any(d["cpu"].get("machine_busy_pct_of_all_cores", 0) > 95 for d in details):
+        notes.append("the machine was CPU-saturated during at least one run (see CPU lines)")
+    report = report_json(cfg.profile, machine, cfg.command, runs)
+    write_json(out / "report.json", report)
+    (out / "report.md").write_text(
+        report_markdown(cfg.profile, machine, cfg.command, runs, details, plots, notes)
+    )
+    report["errors"] = [f"{d['backbone']} {d['rate']}: {e}" for d in details for e in d["errors"]]
+    return report

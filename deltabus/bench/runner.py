@@ -17,30 +17,20 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from deltabus.bench.analysis import (
-    SAMPLES_TABLE,
-    analyse,
-    build_samples,
     delta_inputs,
-    quarter_drift,
-    recovery,
-    samples_connection,
-    write_samples,
 )
 from deltabus.bench.config import BenchConfig
 from deltabus.bench.consumer import DeltaUnifiedConsumer, KafkaUnifiedConsumer, LiveStats
 from deltabus.bench.environment import CpuMeter, machine_description
+from deltabus.bench.evaluate import RunState, evaluate_run
 from deltabus.bench.progress import ProgressDisplay
-from deltabus.bench.report import report_json, report_markdown, write_json
+from deltabus.bench.report import write_json, write_reports
 from deltabus.bench.workload import ProducerHandle, ProducerSpec
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 from deltabus.processes import ChildProcess, child_env, etl_command
@@ -50,24 +40,6 @@ log = logging.getLogger("deltabus.bench")
 
 START_DELAY_S = 0.5  # schedule origin this far after every producer reported ready
 MAX_DRAIN_WAIT_FACTOR = 2.0  # after the producers end, wait at most this x duration + 60 s
-
-
-@dataclass
-class RunState:
-    """What a run observed, handed from the driving loop to the analysis."""
-
-    backbone: str
-    rate: int
-    start_ms: float = 0.0
-    specs: list[ProducerSpec] = field(default_factory=list)
-    producer_reports: list[dict] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    drain: dict | None = None
-    maintenance: list[dict] = field(default_factory=list)
-    cpu: dict = field(default_factory=dict)
-    etl_reports: list[dict] = field(default_factory=list)
-    timings: dict = field(default_factory=dict)
 
 
 class Bench:
@@ -117,7 +89,7 @@ class Bench:
                 runs.append(summary)
                 details.append(detail)
                 write_json(self.out / "runs" / f"{backbone}-{rate}.json", detail)
-        return self.write_reports(runs, details)
+        return write_reports(self.out, self.cfg, self.machine, runs, details)
 
     def run_one(self, backbone: str, rate: int) -> tuple[dict, dict]:
         prefix = f"{self.base_prefix}/{backbone}-{rate}"
@@ -128,7 +100,7 @@ class Bench:
             inputs, seen = self._run_kafka(lake, state)
         else:
             inputs, seen = self._run_delta(lake, state)
-        return self._analyse(lake, state, inputs, seen)
+        return evaluate_run(self.cfg, lake, state, inputs, seen)
 
     # -- Delta ----------------------------------------------------------------------------
 
@@ -444,202 +416,6 @@ class Bench:
             time.time() - state.timings["produce_end_ms"] / 1000, 2
         )
 
-    # -- analysis and reports ----------------------------------------------------------
-
-    def _analyse(
-        self, lake: Lake, state: RunState, inputs: pa.Table, seen: pa.Table
-    ) -> tuple[dict, dict]:
-        cfg = self.cfg
-        samples, checks = build_samples(inputs, seen)
-        uri = write_samples(lake, samples)
-        con = samples_connection(lake)
-        result = analyse(
-            con,
-            start_ms=state.start_ms,
-            warmup_s=cfg.warmup,
-            duration_s=cfg.duration,
-            interval_s=cfg.interval_s,
-        )
-        # Expected messages from the schedule; lost = expected but never seen.
-        expected = _expected(state.specs, state.start_ms)
-        seen_ids = pl.from_arrow(samples.select(["message"]))
-        missing = expected.join(seen_ids, on="message", how="anti")
-        warm_end = state.start_ms + cfg.warmup * 1000
-        messages = int(expected.filter(pl.col("sent_ms") >= warm_end).height)
-        lost_after = missing.filter(pl.col("sent_ms") >= warm_end)
-        lost_warmup = missing.height - lost_after.height
-        errors = list(state.errors)
-        if lost_after.height or lost_warmup:
-            errors.append(
-                f"{missing.height} message(s) produced but never seen within the grace period "
-                f"({lost_after.height} after the warm-up, {lost_warmup} during it)"
-            )
-        for key in (
-            "duplicate_rows_seen",
-            "seen_but_not_produced",
-            "parsed_timestamp_mismatches",
-            "retractions_seen",
-            "duplicate_inputs",
-        ):
-            if checks[key]:
-                errors.append(f"{key.replace('_', ' ')}: {checks[key]}")
-        if checks["input_commit_unknown"]:
-            state.notes.append(
-                f"{checks['input_commit_unknown']} message(s) without an input commit time: "
-                "the input log had expired and compaction rewrote their files, so the "
-                "first two stages leave them out (end-to-end latency is unaffected)"
-            )
-        if checks["produced_rows"] != expected.height:
-            errors.append(
-                f"the inputs hold {checks['produced_rows']} messages, the schedule "
-                f"{expected.height}"
-            )
-        if not result["first_sent_is_schedule_start"] and result["samples"]:
-            errors.append("the first sample is not the first scheduled message (warm-up shifted)")
-        if result["samples"] != messages - lost_after.height:
-            errors.append(
-                f"samples after warm-up {result['samples']} != messages {messages} - lost "
-                f"{lost_after.height}"
-            )
-        last_commit = (
-            float(pc.max(inputs["input_commit_ms"]).as_py() or 0) if inputs.num_rows else 0.0
-        )
-        span_s = (last_commit - state.start_ms) / 1000
-        achieved = round(inputs.num_rows / span_s, 1) if span_s > 0 else 0.0
-        max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
-        pct = result["percentiles"]
-        summary = {
-            "rate": state.rate,
-            "backbone": state.backbone,
-            "samples": result["samples"],
-            "messages": messages,
-            "lost": int(lost_after.height),
-            **{k: pct[k] for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")},
-            "achieved_rate": achieved,
-            "max_lag_s": round(max_lag, 3),
-            "fell_behind": result["behind"]["fell_behind"],
-            "stages": result["stages"],
-        }
-        detail: dict[str, Any] = {
-            **summary,
-            "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
-            "lake_prefix": lake.settings.prefix,
-            "samples_table": uri,
-            "schedule_start_ms": state.start_ms,
-            "warmup_s": cfg.warmup,
-            "duration_s": cfg.duration,
-            "producers": [vars(s) | {"total": s.total} for s in state.specs],
-            "producer_reports": state.producer_reports,
-            "producer_mode": cfg.producer_mode,
-            "etl_reports": state.etl_reports,
-            "cpu": state.cpu,
-            "timings": state.timings,
-            "samples_including_warmup": result["samples_including_warmup"],
-            "lost_during_warmup": lost_warmup,
-            "lost_examples": missing["message"].head(5).to_list(),
-            "checks": checks,
-            "behind": result["behind"],
-            "errors": errors,
-            "notes": state.notes,
-            "over_time": result["over_time"],
-            "stages_over_time": result["stages_over_time"],
-        }
-        if state.drain and "resumed_ms" in state.drain:
-            d = state.drain
-            detail["drain"] = {
-                "signal": d["signal"],
-                "restart_ready_s": d.get("restart_ready_s"),
-                "down_at_s": round((d["down_ms"] - state.start_ms) / 1000, 2),
-                **recovery(
-                    con,
-                    down_ms=d["down_ms"],
-                    resumed_ms=d["resumed_ms"],
-                    warmup_end_ms=state.start_ms + cfg.warmup * 1000,
-                    threshold_s=cfg.recovery_threshold,
-                ),
-            }
-        elif cfg.backlog_drain and state.backbone == "delta":
-            errors.append("the backlog drain did not complete (the run ended first)")
-        if cfg.soak and state.backbone == "delta":
-            passes = [m for m in state.maintenance if m.get("event") == "pass"]
-            detail["soak"] = {
-                "maintenance_passes": len(passes),
-                "maintenance_errors": [m for m in state.maintenance if m.get("event") == "error"],
-                "maintenance_at_s": [
-                    round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes
-                ],
-                "maintenance_duration_s": [
-                    round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes
-                ],
-                "quarters": quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration),
-                "tables": _table_sizes(lake),
-            }
-        if errors:
-            for e in errors:
-                log.error("%s at %s msg/s: %s", state.backbone, state.rate, e)
-        log.info(
-            "%s at %s msg/s: %d samples, p50 %.3f s, p99 %.3f s, max %.3f s, lost %d%s",
-            state.backbone,
-            f"{state.rate:,}",
-            summary["samples"],
-            summary["p50"] or 0,
-            summary["p99"] or 0,
-            summary["max"] or 0,
-            summary["lost"],
-            ", FELL BEHIND" if summary["fell_behind"] else "",
-        )
-        return summary, detail
-
-    def write_reports(self, runs: list[dict], details: list[dict]) -> dict[str, Any]:
-        from deltabus.bench.plots import latency_over_time, percentiles_vs_rate
-
-        cfg = self.cfg
-        plots: dict[str, str] = {}
-        for r, d in zip(runs, details, strict=True):
-            name = f"latency-{r['backbone']}-{r['rate']}.png"
-            outage = None
-            if d.get("drain"):
-                dr = d["drain"]
-                outage = (dr["down_at_s"], dr["down_at_s"] + dr["down_s"])
-            latency_over_time(
-                self.out / name,
-                f"{r['backbone']} at {r['rate']:,} msg/s"
-                + (f", commit {cfg.profile}" if r["backbone"] == "delta" else ""),
-                d["over_time"],
-                cfg.warmup,
-                outage=outage,
-                marks=(d.get("soak") or {}).get("maintenance_at_s"),
-            )
-            plots[f"{r['backbone']}-{r['rate']}"] = name
-        percentiles_vs_rate(self.out / "percentiles-vs-rate.png", cfg.profile, runs)
-        plots["rates"] = "percentiles-vs-rate.png"
-        notes = [n for d in details for n in d.get("notes", [])]
-        if any(d["cpu"].get("machine_busy_pct_of_all_cores", 0) > 95 for d in details):
-            notes.append("the machine was CPU-saturated during at least one run (see CPU lines)")
-        report = report_json(cfg.profile, self.machine, cfg.command, runs)
-        write_json(self.out / "report.json", report)
-        (self.out / "report.md").write_text(
-            report_markdown(cfg.profile, self.machine, cfg.command, runs, details, plots, notes)
-        )
-        report["errors"] = [
-            f"{d['backbone']} {d['rate']}: {e}" for d in details for e in d["errors"]
-        ]
-        return report
-
-
-def _expected(specs: list[ProducerSpec], start_ms: float) -> pl.DataFrame:
-    frames = []
-    for s in specs:
-        index = np.arange(s.total, dtype=np.int64)
-        sent_us = np.round(index * (1_000_000.0 / s.rate))
-        frames.append(
-            pl.DataFrame({"i": index, "sent_ms": start_ms + sent_us / 1000}).select(
-                message=pl.lit(f"{s.run_id}-") + pl.col("i").cast(pl.String),
-                sent_ms=pl.col("sent_ms"),
-            )
-        )
-    return pl.concat(frames) if frames else pl.DataFrame({"message": [], "sent_ms": []})
-
 
 def _json_lines(path: Path) -> list[dict]:
     out = []
@@ -652,12 +428,3 @@ def _json_lines(path: Path) -> list[dict]:
     except OSError:
         pass
     return out
-
-
-def _table_sizes(lake: Lake) -> dict[str, dict]:
-    sizes = {}
-    for table in (*INPUT_TABLES, UNIFIED_TABLE, SAMPLES_TABLE):
-        if lake.exists(table):
-            dt = lake.open(table)
-            sizes[table] = {"version": dt.version(), "files": len(dt.file_uris())}
-    return sizes
