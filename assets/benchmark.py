@@ -121,7 +121,7 @@ def benchmark_report(
             **{s: r.get(s) for s in STATS},
             "achieved_rate": r.get("achieved_rate"),
             "max_lag_s": r.get("max_lag_s"),
-            "fell_behind": r.get("fell_behind"),
+            "verdict": r.get("verdict"),
         }
         for r in runs
     ]
@@ -138,11 +138,15 @@ def benchmark_report(
         "results": MetadataValue.md(
             "Latency in seconds.\n\n"
             + markdown_table(
-                rows, ["rate", "samples", *STATS, "achieved_rate", "max_lag_s", "fell_behind"]
+                rows, ["rate", "samples", *STATS, "achieved_rate", "max_lag_s", "verdict"]
             )
         ),
         "report": MetadataValue.path(str(report_path)),
-        "fell_behind_at": ", ".join(str(r["rate"]) for r in rows if r["fell_behind"]) or "none",
+        "not_keeping_up_at": ", ".join(
+            f"{r['rate']} ({r['verdict']})" for r in rows if r["verdict"] != "keeping up"
+        )
+        or "none",
+        "highest_keeping_up_rate": str(report.get("highest_keeping_up_rate", {})),
     }
     stages = [
         {"rate": r.get("rate"), "stage": name, "p50": v.get("p50"), "p99": v.get("p99")}

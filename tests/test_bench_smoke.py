@@ -33,7 +33,7 @@ STAGES = ("sent_to_input_commit", "input_commit_to_etl", "etl_to_unified_commit"
 
 def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int) -> dict:
     report = json.loads((out / "report.json").read_text())
-    assert set(report) == {"profile", "machine", "command", "runs"}
+    assert set(report) == {"profile", "machine", "command", "runs", "highest_keeping_up_rate"}
     assert report["profile"] == "100ms"
     assert "cores" in report["machine"] and report["command"].startswith("deltabus bench")
     assert [r["backbone"] for r in report["runs"]] == list(backbones)
@@ -48,7 +48,10 @@ def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int
         assert values == sorted(values), f"percentiles out of order: {values}"
         assert run["achieved_rate"] > 0
         assert run["max_lag_s"] >= 0
-        assert isinstance(run["fell_behind"], bool)
+        assert run["verdict"] in ("keeping up", "over bound", "behind")
+        assert run["fell_behind"] == (run["verdict"] == "behind")
+        if run["verdict"] == "keeping up":
+            assert report["highest_keeping_up_rate"][run["backbone"]] == rate
         assert set(run["stages"]) == {*STAGES, "unified_commit_to_seen"}
         for stage in run["stages"].values():
             assert stage["p50"] is not None and stage["p99"] is not None

@@ -26,6 +26,7 @@ from deltabus.bench.analysis import (
     write_samples,
 )
 from deltabus.bench.config import BenchConfig
+from deltabus.bench.verdict import BEHIND, KEEPING_UP, classify
 from deltabus.bench.workload import ProducerSpec
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 
@@ -113,6 +114,12 @@ def evaluate_run(
     achieved = round(inputs.num_rows / span_s, 1) if span_s > 0 else 0.0
     max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
     pct = result["percentiles"]
+    verdict = classify(
+        result["over_time"],
+        cfg.warmup,
+        pct["p99"],
+        cfg.commit_interval if state.backbone == "delta" else None,
+    )
     summary = {
         "rate": state.rate,
         "backbone": state.backbone,
@@ -122,7 +129,8 @@ def evaluate_run(
         **{k: pct[k] for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")},
         "achieved_rate": achieved,
         "max_lag_s": round(max_lag, 3),
-        "fell_behind": result["behind"]["fell_behind"],
+        "verdict": verdict["verdict"],
+        "fell_behind": verdict["verdict"] == BEHIND,
         "stages": result["stages"],
     }
     detail: dict[str, Any] = {
@@ -143,7 +151,7 @@ def evaluate_run(
         "lost_during_warmup": lost_warmup,
         "lost_examples": missing["message"].head(5).to_list(),
         "checks": checks,
-        "behind": result["behind"],
+        "behind": verdict,
         "errors": errors,
         "notes": state.notes,
         "over_time": result["over_time"],
@@ -189,7 +197,7 @@ def evaluate_run(
         summary["p99"] or 0,
         summary["max"] or 0,
         summary["lost"],
-        ", FELL BEHIND" if summary["fell_behind"] else "",
+        f", {summary['verdict'].upper()}" if summary["verdict"] != KEEPING_UP else "",
     )
     return summary, detail
 

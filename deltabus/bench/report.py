@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from deltabus.bench.verdict import KEEPING_UP
+
 # docs/design.md, "Anchors": Pathway's published Delta-on-MinIO benchmark (its own Delta
 # connector, single-threaded, 5-minute runs, 30 s warm-up). (p50 s, p99 s, fell behind)
 ANCHORS: dict[str, dict[int, tuple[float, float, bool]]] = {
@@ -37,6 +39,7 @@ RUN_KEYS = (
     "max",
     "achieved_rate",
     "max_lag_s",
+    "verdict",
     "fell_behind",
     "stages",
 )
@@ -60,7 +63,19 @@ def report_json(profile: str, machine: str, command: str, runs: list[dict]) -> d
         "machine": machine,
         "command": command,
         "runs": [{k: run[k] for k in RUN_KEYS} for run in runs],
+        "highest_keeping_up_rate": highest_keeping_up(runs),
     }
+
+
+def highest_keeping_up(runs: list[dict]) -> dict[str, int | None]:
+    """Per backbone, the highest rate whose run kept up (over-bound and behind runs do not
+    count), or None."""
+    best: dict[str, int | None] = {}
+    for run in runs:
+        ok = run.get("verdict") == KEEPING_UP
+        current = best.get(run["backbone"])
+        best[run["backbone"]] = max(run["rate"], current or 0) if ok else current
+    return best
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -71,10 +86,14 @@ def _f(x: float | None, nd: int = 2) -> str:
     return "—" if x is None else f"{round(x, nd) + 0.0:.{nd}f}"  # + 0.0: no "-0.00"
 
 
-def _pair(p50: float | None, p99: float | None, behind: bool = False) -> str:
+def _pair(p50: float | None, p99: float | None, verdict: str | bool = False) -> str:
+    """'p50 / p99', with the verdict when the run did not keep up."""
     if p50 is None:
         return "—"
-    return f"{_f(p50)} / {_f(p99)}" + (" (fell behind)" if behind else "")
+    if verdict is True:
+        verdict = "fell behind"  # the anchors' own wording
+    suffix = f" ({verdict})" if verdict and verdict != KEEPING_UP else ""
+    return f"{_f(p50)} / {_f(p99)}{suffix}"
 
 
 def report_markdown(
@@ -114,7 +133,7 @@ def report_markdown(
         row = [f"{rate:,}"]
         for b in backbones:
             r = by.get((b, rate))
-            row.append(_pair(r["p50"], r["p99"], r["fell_behind"]) if r else "—")
+            row.append(_pair(r["p50"], r["p99"], r["verdict"]) if r else "—")
         for key in (pk, other):
             a = ANCHORS.get(key, {}).get(rate)
             row.append(_pair(a[0], a[1], a[2]) if a else "—")
@@ -124,7 +143,7 @@ def report_markdown(
         "## All percentiles",
         "",
         "| backbone | rate | samples | messages | lost | p50 | p75 | p85 | p95 | p99 | p99.9 "
-        "| max | achieved msg/s | max producer lag s | fell behind |",
+        "| max | achieved msg/s | max producer lag s | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
@@ -133,7 +152,7 @@ def report_markdown(
             f"{r['lost']:,} | "
             + " | ".join(_f(r[k]) for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max"))
             + f" | {r['achieved_rate']:,.0f} | {_f(r['max_lag_s'], 3)} | "
-            f"{'yes' if r['fell_behind'] else 'no'} |"
+            f"{r['verdict']} |"
         )
     lines += [
         "",
@@ -161,8 +180,9 @@ def report_markdown(
         lines.append("")
         behind = d["behind"]
         lines.append(
-            f"- fell behind: {'yes' if r['fell_behind'] else 'no'} (quarter medians "
-            f"{behind['quarter_p50_s']} s, p50 trend {behind['p50_slope_s_per_s']} s/s; "
+            f"- verdict: **{r['verdict']}** (backlog when producing ended "
+            f"{behind['backlog_at_end_s']} s, quarter p50s {behind['quarter_p50_s']} s, "
+            f"p50 trend {behind['slope_s_per_s']} s/s, p99 bound {behind['p99_bound_s']:g} s; "
             f"rule: {behind['rule']})"
         )
         if d.get("cpu"):
