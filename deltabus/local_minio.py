@@ -73,12 +73,15 @@ class MinioServer:
         secret_key: str,
         port: int | None = None,
         binary: Path | None = None,
+        public_metrics: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.access_key = access_key
         self.secret_key = secret_key
         self.port = port or free_port()
         self.binary = binary or build_minio()
+        # Serve /minio/v2/metrics without auth (request counts for the benchmark's cost).
+        self.public_metrics = public_metrics
         self.process: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"minio-{self.port}.log"
 
@@ -96,6 +99,8 @@ class MinioServer:
             "MINIO_UPDATE": "off",
             "MINIO_CALLHOME_ENABLE": "off",
         }
+        if self.public_metrics:
+            env["MINIO_PROMETHEUS_AUTH_TYPE"] = "public"
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.process = subprocess.Popen(
             [

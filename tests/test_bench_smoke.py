@@ -52,6 +52,11 @@ def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int
         assert run["fell_behind"] == (run["verdict"] == "behind")
         if run["verdict"] == "keeping up":
             assert report["highest_keeping_up_rate"][run["backbone"]] == rate
+        cost = run["cost"]
+        assert cost["cpu_s_per_million_msgs"]["etl"] > 0, cost
+        if run["backbone"] == "delta":  # MinIO's own request counters, by billing class
+            assert cost["requests_per_s"]["GET"] > 0 and cost["requests_per_s"]["PUT"] > 0, cost
+            assert cost["request_cost_usd_per_day"] > 0
         assert set(run["stages"]) == {*STAGES, "unified_commit_to_seen"}
         for stage in run["stages"].values():
             assert stage["p50"] is not None and stage["p99"] is not None

@@ -52,3 +52,26 @@ def test_the_bound_follows_the_commit_interval():
     points = series(lambda t: 1.5)  # flat 1.5 s at 1000 ms commits: within 5 s
     assert classify(points, WARMUP, 2.5, 1.0)["verdict"] == KEEPING_UP
     assert classify(points, WARMUP, 2.5, 0.1)["verdict"] == OVER_BOUND
+
+
+def test_minio_request_counters_become_billing_classes():
+    from deltabus.bench.cost import cost_summary, daily_request_cost, parse_metrics
+
+    text = "\n".join(
+        [
+            "# TYPE minio_api_requests_total counter",
+            'minio_api_requests_total{name="GetObject",server="s",type="s3"} 9',
+            'minio_api_requests_total{name="HeadObject",server="s",type="s3"} 2',
+            'minio_api_requests_total{name="ListObjectsV2",server="s",type="s3"} 4',
+            'minio_api_requests_total{name="PutObject",server="s",type="s3"} 3',
+            'minio_api_requests_total{name="DeleteMultipleObjects",server="s",type="s3"} 1',
+            'minio_api_requests_4xx_errors_total{name="GetObject",server="s",type="s3"} 5',
+        ]
+    )
+    counts = parse_metrics(text)
+    assert counts == {"GET": 9, "PUT": 3, "HEAD": 2, "LIST": 4, "DELETE": 1, "OTHER": 0, "404s": 5}
+    # 1 PUT/s for a day: 86.4 thousand requests at 0.005 USD per thousand.
+    assert daily_request_cost({"PUT": 1.0}) == 0.43
+    summary = cost_summary({"etl": 50.0, "minio": 25.0}, 10_000, {"GET": 10.0, "total": 10.0})
+    assert summary["cpu_s_per_million_msgs"] == {"etl": 50.0, "minio": 25.0}
+    assert summary["cpu_cores_total"] == 0.75 and summary["requests_per_million_msgs"] == 1000.0

@@ -112,6 +112,13 @@ def bench(
     interval: Annotated[
         float, typer.Option(help="Bucket (s) of the latency-over-time plots.")
     ] = 1.0,
+    idle_s: Annotated[
+        float,
+        typer.Option(
+            help="After each Delta run, keep the ETL and consumer running without traffic for "
+            "this many seconds and report their CPU and object-store requests (idle cost)."
+        ),
+    ] = 0,
     progress: Annotated[
         bool, typer.Option(help="Live progress on stderr (a terminal only; else log lines).")
     ] = True,
@@ -139,6 +146,7 @@ def bench(
         consumer_poll_ms=poll_ms,
         etl_poll_ms=etl_poll_ms,
         interval_s=interval,
+        idle_s=idle_s,
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
     report = run(config, cli.settings(), local_minio=local_minio, show_progress=progress)

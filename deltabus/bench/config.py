@@ -69,6 +69,7 @@ class BenchConfig:
     consumer_poll_ms: float = 20.0
     etl_poll_ms: float | None = None  # None: the ETL's own default
     interval_s: float = 1.0  # bucket of the latency-over-time plots
+    idle_s: float = 0.0  # after the run, measure the cost of the idle pipeline this long
     command: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -95,6 +96,8 @@ class BenchConfig:
             raise ConfigError("--drain-signal must be term or stop")
         if self.maintenance_interval <= 0:
             raise ConfigError("--maintenance-interval must be positive")
+        if not 0 <= self.idle_s <= 3600:
+            raise ConfigError("--idle-s must be 0..3600 seconds")
         if self.grace <= 0:
             raise ConfigError("--grace must be positive")
         if not 1 <= self.consumer_poll_ms <= 10_000:

@@ -37,6 +37,7 @@ def throwaway_minio(bucket: str = "deltabus-bench") -> Iterator[tuple[Settings, 
             Path(tmp) / "data",
             access_key="bench-" + secrets.token_hex(4),
             secret_key=secrets.token_urlsafe(18),
+            public_metrics=True,
         )
         server.start()
         try:

@@ -26,6 +26,7 @@ from deltabus.bench.analysis import (
     write_samples,
 )
 from deltabus.bench.config import BenchConfig
+from deltabus.bench.cost import cost_summary
 from deltabus.bench.verdict import BEHIND, KEEPING_UP, classify
 from deltabus.bench.workload import ProducerSpec
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
@@ -49,6 +50,8 @@ class RunState:
     cpu: dict = field(default_factory=dict)
     etl_reports: list[dict] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    requests: dict | None = None  # object-store requests per second by class (MinIO metrics)
+    idle: dict | None = None  # cost with the pipeline running and no traffic
 
 
 def evaluate_run(
@@ -132,6 +135,10 @@ def evaluate_run(
         "verdict": verdict["verdict"],
         "fell_behind": verdict["verdict"] == BEHIND,
         "stages": result["stages"],
+        "cost": {
+            **cost_summary(state.cpu, state.rate, state.requests),
+            **({"idle": state.idle} if state.idle else {}),
+        },
     }
     detail: dict[str, Any] = {
         **summary,

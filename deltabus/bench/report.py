@@ -42,6 +42,7 @@ RUN_KEYS = (
     "verdict",
     "fell_behind",
     "stages",
+    "cost",
 )
 
 
@@ -94,6 +95,54 @@ def _pair(p50: float | None, p99: float | None, verdict: str | bool = False) -> 
         verdict = "fell behind"  # the anchors' own wording
     suffix = f" ({verdict})" if verdict and verdict != KEEPING_UP else ""
     return f"{_f(p50)} / {_f(p99)}{suffix}"
+
+
+def cost_markdown(runs: list[dict]) -> list[str]:
+    """The cost table: CPU per million messages per component, requests, bill per day."""
+    lines = [
+        "## Cost per message",
+        "",
+        "CPU-seconds per million messages per component (a core fully busy for one second is "
+        "one CPU-second), object-store requests per second by class (MinIO's metrics) and the "
+        "request bill per day at list prices.",
+        "",
+        "| backbone | rate | CPU cores in all | CPU-s per M msgs (total: per component) "
+        "| requests/s GET / PUT / HEAD / LIST / DELETE / 404s | requests per M msgs | USD/day |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    prices = ""
+    for r in runs:
+        c = r.get("cost") or {}
+        parts = ", ".join(f"{k} {v:g}" for k, v in c.get("cpu_s_per_million_msgs", {}).items())
+        q = c.get("requests_per_s")
+        reqs = (
+            " / ".join(f"{q.get(k, 0):g}" for k in ("GET", "PUT", "HEAD", "LIST", "DELETE", "404s"))
+            + f" (all {q['total']:g})"
+            if q
+            else "n/a"
+        )
+        prices = c.get("prices", prices)
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | {c.get('cpu_cores_total', '—')} | "
+            f"{c.get('cpu_s_per_million_msgs_total', '—')}: {parts} | {reqs} | "
+            f"{c.get('requests_per_million_msgs', 'n/a')} | "
+            f"{c.get('request_cost_usd_per_day', 'n/a')} |"
+        )
+    for r in runs:
+        idle = (r.get("cost") or {}).get("idle")
+        if idle:
+            cpu = idle["cpu_pct_of_one_core"]
+            busy = sum(v for k, v in cpu.items() if not k.startswith("machine"))
+            q = idle.get("requests_per_s") or {}
+            lines.append(
+                f"\nIdle ({r['backbone']}, after the {r['rate']:,} msg/s run, "
+                f"{idle['seconds']:g} s without traffic): {busy:.1f} % of one core in all "
+                f"({', '.join(f'{k} {v}' for k, v in cpu.items())}), "
+                f"{q.get('total', 'n/a')} requests/s."
+            )
+    if prices:
+        lines += ["", f"Prices: {prices}."]
+    return lines
 
 
 def report_markdown(
@@ -154,6 +203,7 @@ def report_markdown(
             + f" | {r['achieved_rate']:,.0f} | {_f(r['max_lag_s'], 3)} | "
             f"{r['verdict']} |"
         )
+    lines += ["", *cost_markdown(runs)]
     lines += [
         "",
         "## Where the time goes (stage medians and p99s, seconds)",

@@ -27,6 +27,7 @@ from deltabus.bench.analysis import (
 )
 from deltabus.bench.config import BenchConfig
 from deltabus.bench.consumer import DeltaUnifiedConsumer, KafkaUnifiedConsumer, LiveStats
+from deltabus.bench.cost import RequestMeter
 from deltabus.bench.environment import CpuMeter, machine_description
 from deltabus.bench.evaluate import RunState, evaluate_run
 from deltabus.bench.progress import ProgressDisplay
@@ -60,6 +61,10 @@ class Bench:
         self.out = cfg.out
         self.work = self.out / "logs"
         self.machine = machine_description()
+        # Object-store requests, read from MinIO's metrics (None on a local-directory lake).
+        self.minio_requests = (
+            RequestMeter(settings.minio_endpoint) if settings.storage == "minio" else None
+        )
 
     @property
     def _bench_cpu_name(self) -> str:
@@ -188,6 +193,8 @@ class Bench:
             self._drive(
                 state, handles, consumer, stats, cpu, etls, drain if cfg.backlog_drain else None
             )
+            if cfg.idle_s > 0 and etls[-1].alive():
+                state.idle = self._measure_idle(cpu.pids, cfg.idle_s)
         finally:
             for h in handles:
                 h.kill()
@@ -327,6 +334,24 @@ class Bench:
 
     # -- the measured part, common to both backbones ----------------------------------
 
+    def _measure_idle(self, pids: dict[str, int], seconds: float) -> dict:
+        """CPU and requests of the running pipeline with no traffic (what idling costs)."""
+        idle = CpuMeter()
+        for name, pid in pids.items():
+            if not name.startswith("producer"):
+                idle.watch(name, pid)
+        log.info("measuring the idle pipeline for %g s", seconds)
+        idle.start()
+        if self.minio_requests:
+            self.minio_requests.start()
+        time.sleep(seconds)
+        idle.stop()
+        out: dict = {"seconds": seconds, "cpu_pct_of_one_core": idle.report()}
+        if self.minio_requests:
+            self.minio_requests.stop()
+            out["requests_per_s"] = self.minio_requests.per_second()
+        return out
+
     def _drive(
         self,
         state: RunState,
@@ -338,6 +363,7 @@ class Bench:
         drain,
     ) -> None:
         cfg = self.cfg
+        requests = self.minio_requests if state.backbone == "delta" else None
         total = sum(s.total for s in state.specs)
         start_us = int((time.time() + START_DELAY_S) * 1_000_000)
         state.start_ms = start_us / 1000
@@ -371,6 +397,8 @@ class Bench:
                 now = time.time()
                 if not started and now * 1e6 >= start_us:
                     cpu.start()
+                    if requests:
+                        requests.start()
                     started = True
                 if drain is not None:
                     drain(now - start_us / 1e6)
@@ -383,8 +411,13 @@ class Bench:
                 time.sleep(0.25)
             if not started:
                 cpu.start()
+                if requests:
+                    requests.start()
             cpu.stop()
             state.cpu = cpu.report()
+            if requests:
+                requests.stop()
+                state.requests = requests.per_second()
             state.timings["produce_end_ms"] = time.time() * 1000
             produce_end = time.monotonic()
             for h in handles:
