@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars minio-bin minio minio-down dagster-home demo test chaos lint format bench ui clean
+.PHONY: help venv kafka-jars minio-bin minio minio-down dagster-home demo test chaos spark lint format bench ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,11 @@ kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabu
 
 test: venv minio-bin kafka-jars  ## run the test suite (starts its own MinIO)
 	$(PY) -m pytest -q
+
+spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delta/s3a jars from Maven; cached)
+	$(UV) sync --frozen --python 3.11 --group spark --inexact
+	bash platform/spark.sh fetch
+	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q tests/test_spark_interop.py
 
 chaos: venv minio-bin  ## a 10-minute seeded chaos soak (SIGKILLs, MinIO restarts, second ETLs); SEED=n
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \

@@ -1,7 +1,10 @@
 """Asset checks on timezone_unified: DuckDB SQL over the Delta tables, and a GX 1.x suite.
 
-Each failing check names what failed in its description and shows examples (rows or
-figures) in its metadata.
+timezone_unified is a changelog: a row with diff -1 retracts an earlier one (an input
+deleted or updated it). Checks about content (nothing lost, nothing duplicated,
+timestamps in their window) look at its net content, the `timezone_unified_net` view:
+a message is in the output as many times as its diffs sum to. Each failing check names
+what failed in its description and shows examples (rows or figures) in its metadata.
 """
 
 import os
@@ -17,6 +20,7 @@ from dagster import (
 from dagster_duckdb import DuckDBResource
 
 from assets.common import markdown_table
+from deltabus.duck import UNIFIED_NET_VIEW
 from deltabus.lake import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE, Lake
 from deltabus.tables import UNIFIED_SCHEMA, meta
 from resources.duck import delta_views
@@ -30,6 +34,9 @@ CONTRACT_SQL_TYPES = {
     "diff": "BIGINT",
 }
 RUN_OF_MESSAGE = r"regexp_extract(u.message, '^(.*)-[0-9]+$', 1)"  # message = '<run>-<n>'
+# Net copies of each message in the output: the sum of its diffs (1 when present once).
+NET_COPIES_SQL = f"""SELECT message, sum(diff)::BIGINT AS copies
+FROM "{UNIFIED_TABLE}" GROUP BY message"""
 
 
 def _rows(con: Any, sql: str, params: list | None = None) -> list[dict[str, Any]]:
@@ -68,7 +75,8 @@ def _inputs_sql(registered: list[str]) -> str:
 
 @asset_check(
     asset=UNIFIED_TABLE,
-    description="Every input message is in timezone_unified (distinct messages = input rows).",
+    description="Every message in the inputs' current content is in timezone_unified's net "
+    "content, and nothing else is (messages with sum(diff) > 0 = input rows).",
 )
 def no_message_lost(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
     lk = lake.lake()
@@ -80,29 +88,28 @@ def no_message_lost(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResul
             for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()
         ]
         con.execute(f"CREATE OR REPLACE TEMP VIEW inputs AS {_inputs_sql(registered)}")
-        input_rows = _scalar(con, "SELECT count(*) FROM inputs")
-        distinct = _scalar(con, f'SELECT count(DISTINCT message) FROM "{UNIFIED_TABLE}"')
-        lost = _scalar(
-            con,
-            f'SELECT count(*) FROM inputs i ANTI JOIN "{UNIFIED_TABLE}" u USING (message)',
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW present AS "
+            f"SELECT message FROM ({NET_COPIES_SQL}) WHERE copies > 0"
         )
+        input_rows = _scalar(con, "SELECT count(*) FROM inputs")
+        distinct = _scalar(con, "SELECT count(*) FROM present")
+        lost = _scalar(con, "SELECT count(*) FROM inputs i ANTI JOIN present u USING (message)")
         lost_examples = _rows(
             con,
-            f'SELECT i.message, i.source FROM inputs i ANTI JOIN "{UNIFIED_TABLE}" u '
+            "SELECT i.message, i.source FROM inputs i ANTI JOIN present u "
             f"USING (message) ORDER BY i.message LIMIT {EXAMPLES}",
         )
         unexpected = _scalar(
-            con,
-            f'SELECT count(DISTINCT message) FROM "{UNIFIED_TABLE}" u '
-            "ANTI JOIN inputs i USING (message)",
+            con, "SELECT count(*) FROM present u ANTI JOIN inputs i USING (message)"
         )
     passed = lost == 0 and distinct == input_rows
     return AssetCheckResult(
         passed=passed,
         description=None
         if passed
-        else f"{lost} of {input_rows} input messages are missing from timezone_unified "
-        f"({distinct} distinct messages there, {unexpected} of them not in the inputs)",
+        else f"{lost} of {input_rows} input messages are missing from timezone_unified's net "
+        f"content ({distinct} messages there, {unexpected} of them not in the inputs)",
         metadata={
             "input_rows": int(input_rows),
             "unified_distinct_messages": int(distinct),
@@ -113,7 +120,11 @@ def no_message_lost(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResul
     )
 
 
-@asset_check(asset=UNIFIED_TABLE, description="No message appears twice in timezone_unified.")
+@asset_check(
+    asset=UNIFIED_TABLE,
+    description="No message is in timezone_unified's net content twice, and none is "
+    "retracted more often than inserted (sum(diff) per message is 0 or 1).",
+)
 def no_duplicate_message(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
     lk = lake.lake()
     if (missing := _missing_unified(lk)) is not None:
@@ -121,21 +132,31 @@ def no_duplicate_message(lake: LakeResource, duck: DuckDBResource) -> AssetCheck
     with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW dupes AS
-                SELECT message, count(*) AS copies FROM "{UNIFIED_TABLE}"
-                GROUP BY message HAVING count(*) > 1"""
+                SELECT * FROM ({NET_COPIES_SQL}) WHERE copies > 1 OR copies < 0"""
         )
-        dupes = _scalar(con, "SELECT count(*) FROM dupes")
-        extra_rows = _scalar(con, "SELECT coalesce(sum(copies - 1), 0) FROM dupes")
-        examples = _rows(con, f"SELECT * FROM dupes ORDER BY copies DESC, message LIMIT {EXAMPLES}")
-    passed = dupes == 0
+        dupes = _scalar(con, "SELECT count(*) FROM dupes WHERE copies > 1")
+        extra_rows = _scalar(con, "SELECT coalesce(sum(copies - 1), 0) FROM dupes WHERE copies > 1")
+        negative = _scalar(con, "SELECT count(*) FROM dupes WHERE copies < 0")
+        retractions = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}" WHERE diff < 0')
+        examples = _rows(
+            con, f"SELECT * FROM dupes ORDER BY abs(copies) DESC, message LIMIT {EXAMPLES}"
+        )
+    passed = dupes == 0 and negative == 0
+    problems = []
+    if dupes:
+        problems.append(f"{dupes} messages are duplicated ({extra_rows} extra rows)")
+    if negative:
+        problems.append(f"{negative} messages are retracted more often than inserted")
     return AssetCheckResult(
         passed=passed,
         description=None
         if passed
-        else f"{dupes} messages are duplicated in timezone_unified ({extra_rows} extra rows)",
+        else "in timezone_unified's net content, " + " and ".join(problems),
         metadata={
             "duplicated_messages": int(dupes),
             "extra_rows": int(extra_rows),
+            "over_retracted_messages": int(negative),
+            "retraction_rows": int(retractions),
             "examples": _examples(examples),
         },
     )
@@ -247,8 +268,8 @@ def producer_windows(lake: Lake) -> pa.Table:
 
 @asset_check(
     asset=UNIFIED_TABLE,
-    description="Every `timestamp` lies inside the time window its producer run scheduled "
-    "(from the producer's commit metadata).",
+    description="Every `timestamp` of timezone_unified's net content lies inside the time "
+    "window its producer run scheduled (from the producer's commit metadata).",
 )
 def timestamp_in_producer_window(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
     lk = lake.lake()
@@ -264,7 +285,7 @@ def timestamp_in_producer_window(lake: LakeResource, duck: DuckDBResource) -> As
                        w.producer_run IS NOT NULL AS run_known,
                        epoch_ms(w.start_ms::BIGINT)::VARCHAR AS window_start_utc,
                        epoch_ms(w.end_ms::BIGINT)::VARCHAR AS window_end_utc
-                FROM "{UNIFIED_TABLE}" u
+                FROM "{UNIFIED_NET_VIEW}" u
                 LEFT JOIN producer_windows w ON w.producer_run = {RUN_OF_MESSAGE}
                 WHERE w.producer_run IS NULL OR u.timestamp IS NULL
                    OR u.timestamp < w.start_ms - 1 OR u.timestamp > w.end_ms + 1"""
@@ -272,7 +293,7 @@ def timestamp_in_producer_window(lake: LakeResource, duck: DuckDBResource) -> As
         outside = _scalar(con, "SELECT count(*) FROM outside")
         unknown = _scalar(con, "SELECT count(*) FROM outside WHERE NOT run_known")
         examples = _rows(con, f"SELECT * FROM outside ORDER BY message LIMIT {EXAMPLES}")
-        total = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}"')
+        total = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_NET_VIEW}"')
     passed = outside == 0
     return AssetCheckResult(
         passed=passed,

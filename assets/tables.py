@@ -173,7 +173,9 @@ class ResultsConfig(Config):
     group_name=PIPELINE_GROUP,
     deps=[UNIFIED_TABLE],
     kinds={"csv", "duckdb"},
-    description="timezone_unified exported as CSV (timestamp,message,time,diff), ordered by time.",
+    description="timezone_unified exported as CSV (timestamp,message,time,diff), ordered by "
+    "time: a changelog, where a row with diff -1 retracts an earlier one (an input deleted or "
+    "updated it).",
 )
 def results_csv(config: ResultsConfig, lake: LakeResource) -> MaterializeResult:
     out = Path(config.path).resolve()

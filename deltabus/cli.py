@@ -224,12 +224,22 @@ def etl(
 @app.command()
 def results(
     out: Annotated[Path, typer.Option(help="CSV file to write.")] = Path("results.csv"),
+    net: Annotated[
+        bool,
+        typer.Option(
+            help="Only the current content (retracted rows left out) instead of the changelog."
+        ),
+    ] = False,
 ) -> None:
-    """Export timezone_unified as CSV (timestamp,message,time,diff), ordered by time."""
+    """Export timezone_unified as CSV (timestamp,message,time,diff), ordered by time.
+
+    By default the changelog: a row with diff -1 retracts an earlier row (an input deleted
+    or updated it). With --net, the net content only.
+    """
     from deltabus.results import export_results
 
     check_output(out)
-    rows = export_results(lake(), out)
+    rows = export_results(lake(), out, net=net)
     print(f"wrote {rows} rows to {out}")
 
 

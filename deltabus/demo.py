@@ -49,7 +49,7 @@ def run_demo(lake: Lake, *, rate: float, duration: float, out: Path) -> dict:
     con = lake_connection(run_lake, (UNIFIED_TABLE,))
     p50, p99 = con.execute(
         f"SELECT quantile_cont(time - timestamp, 0.5), quantile_cont(time - timestamp, 0.99) "
-        f"FROM {UNIFIED_TABLE}"
+        f"FROM {UNIFIED_TABLE} WHERE diff > 0"
     ).fetchone()  # type: ignore[misc]
     return {
         "lake": run_lake.root,

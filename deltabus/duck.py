@@ -1,30 +1,66 @@
-"""DuckDB over the lake's Delta tables, offline: delta-rs hands DuckDB Arrow datasets.
+"""DuckDB over the lake's Delta tables, offline: delta-rs hands DuckDB Arrow data.
 
 DuckDB's delta extension cannot be downloaded on offline machines; a pyarrow dataset
-from delta-rs is scanned lazily by DuckDB (projection and filter pushdown) instead.
+from delta-rs is scanned lazily by DuckDB (projection and filter pushdown) instead. A
+table whose protocol the pyarrow dataset cannot honour (column mapping, deletion
+vectors: inputs written by other Delta writers) is read through delta-rs' own scan,
+which applies both, into memory.
+
+`timezone_unified` is a changelog: a row with `diff` -1 retracts an earlier row (an input
+deleted or updated it). Next to its view, `timezone_unified_net` holds its net content:
+each (timestamp, message) whose diffs sum to something other than 0, with that sum as
+`diff` (1 for a row that is in the output once) and the last insertion `time`.
 """
 
 from __future__ import annotations
 
 import duckdb
+import pyarrow as pa
+from deltalake import DeltaTable
 
 from deltabus.lake import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE, Lake
 
 ALL_TABLES = (*INPUT_TABLES, UNIFIED_TABLE, REJECTS_TABLE)
+UNIFIED_NET_VIEW = f"{UNIFIED_TABLE}_net"
+NET_SQL = f"""SELECT timestamp, message,
+       max(time) FILTER (WHERE diff > 0) AS time,
+       sum(diff)::BIGINT AS diff
+FROM "{UNIFIED_TABLE}"
+GROUP BY timestamp, message
+HAVING sum(diff) <> 0"""
+
+
+def needs_delta_scan(dt: DeltaTable) -> bool:
+    """True when the table's reader features are beyond a plain pyarrow dataset."""
+    features = set(dt.protocol().reader_features or ())
+    return dt.protocol().min_reader_version == 2 or bool(
+        features & {"columnMapping", "deletionVectors"}
+    )
+
+
+def arrow_source(dt: DeltaTable) -> pa.Table | object:
+    """What DuckDB should scan for `dt`: a lazy dataset, or the scanned table."""
+    if needs_delta_scan(dt):
+        return pa.table(dt.scan())
+    return dt.to_pyarrow_dataset()
 
 
 def register_delta_views(
     con: duckdb.DuckDBPyConnection, lake: Lake, tables: tuple[str, ...] = ALL_TABLES
 ) -> list[str]:
-    """Expose each existing Delta table as a DuckDB view of the same name; returns them."""
+    """Expose each existing Delta table as a DuckDB view of the same name; returns them.
+
+    With `timezone_unified` comes the `timezone_unified_net` view of its net content.
+    """
     registered = []
     for table in tables:
         if not lake.exists(table):
             continue
-        dataset = lake.open(table).to_pyarrow_dataset()
-        con.register(f"{table}__arrow", dataset)
+        con.register(f"{table}__arrow", arrow_source(lake.open(table)))
         con.execute(f'CREATE OR REPLACE TEMP VIEW "{table}" AS SELECT * FROM "{table}__arrow"')
         registered.append(table)
+        if table == UNIFIED_TABLE:
+            con.execute(f'CREATE OR REPLACE TEMP VIEW "{UNIFIED_NET_VIEW}" AS {NET_SQL}')
     return registered
 
 

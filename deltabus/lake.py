@@ -74,6 +74,31 @@ class Lake:
             options["AWS_ALLOW_HTTP"] = "true"
         return options
 
+    def filesystem(self) -> tuple[Any, str]:
+        """A pyarrow filesystem for the lake and the path prefix of its tables.
+
+        What readers of raw Delta log and data files use (deltabus.tail); delta-rs takes
+        `storage_options`, boto3 `s3_client()`: the three clients of one lake, built here.
+        """
+        from pyarrow import fs
+
+        if self.is_local:
+            return fs.LocalFileSystem(), self.root
+        s = self.settings
+        self.require_secret()
+        scheme, _, host = s.minio_endpoint.partition("://")
+        filesystem = fs.S3FileSystem(
+            access_key=s.access_key,
+            secret_key=s.secret_key.get_secret_value(),  # type: ignore[union-attr]
+            region=s.region,
+            endpoint_override=host,
+            scheme=scheme,
+            connect_timeout=5,
+            request_timeout=30,
+            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
+        )
+        return filesystem, f"{s.bucket}/{s.prefix}"
+
     # -- boto3, for bucket checks and bootstrap -------------------------------------
 
     def s3_client(

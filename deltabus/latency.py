@@ -1,4 +1,4 @@
-"""End-to-end latency, defined once (ARCHITECTURE.md), computed by DuckDB.
+"""End-to-end latency, defined once (docs/design.md), computed by DuckDB.
 
 A latency sample is one message: `sent_ms` (its scheduled send time, the `date`
 value), and the moments it passed each stage, in epoch milliseconds. The same SQL
@@ -71,8 +71,11 @@ def over_time(
 def unified_samples(lake: Lake) -> pa.Table:
     """Samples from the unified table alone: sent -> processed (Pathway time) -> committed.
 
-    `latency_ms` is commit-visible minus sent: the earliest moment any consumer could
-    see the row, so it is a lower bound of the consumer-observed end-to-end latency.
+    One sample per message, from its first insertion (`diff` +1): a message an input
+    later updated or deleted is retracted and maybe inserted again, but it was first
+    seen then. `latency_ms` is commit-visible minus sent: the earliest moment any
+    consumer could see the row, so it is a lower bound of the consumer-observed
+    end-to-end latency.
     """
     dt = lake.open(UNIFIED_TABLE)
     reader = dt.load_cdf(starting_version=0, ending_version=dt.version())
@@ -80,10 +83,15 @@ def unified_samples(lake: Lake) -> pa.Table:
     con = duckdb.connect()
     con.register("cdf", table)
     return con.sql(
-        """SELECT message,
-                  timestamp AS sent_ms,
-                  time::DOUBLE AS processed_ms,
-                  epoch_ms(_commit_timestamp::TIMESTAMP)::DOUBLE AS committed_ms,
-                  epoch_ms(_commit_timestamp::TIMESTAMP)::DOUBLE - timestamp AS latency_ms
-           FROM cdf WHERE _change_type = 'insert' AND diff = 1"""
+        """WITH inserted AS (
+             SELECT message, timestamp AS sent_ms, time::DOUBLE AS processed_ms,
+                    epoch_ms(_commit_timestamp::TIMESTAMP)::DOUBLE AS committed_ms
+             FROM cdf WHERE _change_type = 'insert' AND diff > 0)
+           SELECT message,
+                  arg_min(sent_ms, (committed_ms, processed_ms)) AS sent_ms,
+                  arg_min(processed_ms, (committed_ms, processed_ms)) AS processed_ms,
+                  min(committed_ms) AS committed_ms,
+                  min(committed_ms) - arg_min(sent_ms, (committed_ms, processed_ms))
+                    AS latency_ms
+           FROM inserted GROUP BY message"""
     ).to_arrow_table()

@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     checkpoint_interval: int = Field(100, ge=1, le=10_000)
     # Seconds storage calls retry through an outage (deltabus.retry), DELTABUS_RETRY_MAX_WAIT_S.
     retry_max_wait_s: float = Field(300.0, ge=0, allow_inf_nan=False)
+    # Input commits that remove rows without change data (copy-on-write deletes on a table
+    # without CDF) are skipped, logged and counted instead of stopping the ETL.
+    skip_change_commits: bool = False
 
     @field_validator("prefix")
     @classmethod
@@ -116,6 +119,7 @@ class Settings(BaseSettings):
             "DELTABUS_PREFIX": self.prefix,
             "DELTABUS_CHECKPOINT_INTERVAL": str(self.checkpoint_interval),
             "DELTABUS_RETRY_MAX_WAIT_S": f"{self.retry_max_wait_s:g}",
+            "DELTABUS_SKIP_CHANGE_COMMITS": "true" if self.skip_change_commits else "false",
         }
         if self.log_retention_s is not None:
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)

@@ -1,12 +1,22 @@
 """Tail a Delta table by reading its log directly: one GET per poll, no snapshot upkeep.
 
-An append-only reader needs only what each new commit added. Reading
-`_delta_log/<version>.json` gives the commit info (with our metadata) and the data files
-it added; a missing file means the version has not landed yet. Compared with
-`update_incremental()` + `load_cdf()` this avoids listing the log and rebuilding the
-table snapshot on every poll, which is what kept the ETL and MinIO busy at high rates.
-Files added with `dataChange: false` (compaction) carry no new rows and are skipped,
-exactly as the change data feed does.
+Reading `_delta_log/<version>.json` gives the commit info (with our metadata) and the
+files the commit added or removed; a missing file means the version has not landed yet.
+Compared with `update_incremental()` + `load_cdf()` this avoids listing the log and
+rebuilding the table snapshot on every poll, which is what kept the ETL and MinIO busy
+at high rates.
+
+Inputs may be written by other Delta writers, so every commit is read as the protocol
+says (deltabus.delta_protocol): the reader version and features are checked on start and
+at every `protocol` / `metaData` action (an unsupported one raises before anything of
+that version is returned); partition columns are rebuilt from the log and column mapping
+is honoured; a commit that deletes or updates rows yields them as retractions (`_diff`
+-1) from its change data files, its deletion vectors or its removed files, and a commit
+whose changes cannot be told from the log (files removed from a table without change
+data feed) raises `ChangeWithoutCdfError`, or is skipped when asked to. Files added with
+`dataChange: false` (compaction) carry no new rows and are skipped, exactly as the
+change data feed does. A plain append costs what it always did: one GET of the commit
+and one read per added file.
 """
 
 from __future__ import annotations
@@ -16,12 +26,23 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from pyarrow import fs
 
+from deltabus.delta_protocol import (
+    ChangeWithoutCdfError,
+    DeltaLog,
+    FilePart,
+    InputTableError,
+    Snapshot,
+    TableFiles,
+    TableState,
+    concat,
+    parse_actions,
+    plan_changes,
+    snapshot_at,
+)
 from deltabus.errors import StorageError
 from deltabus.lake import Lake
 
@@ -30,48 +51,110 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Commit:
-    """One landed version: its commit info and the rows it appended."""
+    """One landed version: its commit info and the file parts whose rows it changed."""
 
     version: int
     info: dict[str, Any]
-    files: list[str] = field(default_factory=list)
-    removed_data: int = 0  # files removed with dataChange (deletes): not replayed
+    state: TableState | None = None
+    parts: list[FilePart] = field(default_factory=list)
+    change: bool = False  # deletes or updates rows (not only appends)
+    skipped: str | None = None  # why its changes were skipped (DELTABUS_SKIP_CHANGE_COMMITS)
+    # A schema change that alters how existing rows read: (state before, columns).
+    reread: tuple[TableState, list[str]] | None = None
 
     @property
     def timestamp_ms(self) -> int:
-        return int(self.info.get("timestamp", 0))
+        return int(self.info.get("inCommitTimestamp", self.info.get("timestamp", 0)))
 
-
-def lake_filesystem(lake: Lake) -> tuple[fs.FileSystem, str]:
-    """A pyarrow filesystem for the lake and the path prefix of its tables."""
-    if lake.is_local:
-        return fs.LocalFileSystem(), lake.root
-    s = lake.settings
-    lake.require_secret()
-    endpoint = s.minio_endpoint
-    scheme, _, host = endpoint.partition("://")
-    filesystem = fs.S3FileSystem(
-        access_key=s.access_key,
-        secret_key=s.secret_key.get_secret_value(),  # type: ignore[union-attr]
-        region=s.region,
-        endpoint_override=host,
-        scheme=scheme,
-        connect_timeout=5,
-        request_timeout=30,
-        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
-    )
-    return filesystem, f"{s.bucket}/{s.prefix}"
+    @property
+    def operation(self) -> str:
+        return str(self.info.get("operation") or "unknown operation")
 
 
 class DeltaLogTail:
-    """Reads the commits of one table from `next_version` on, as they land."""
+    """Reads the commits of one table from a version on, as they land.
 
-    def __init__(self, lake: Lake, table: str, columns: list[str] | None = None) -> None:
+    `columns` limits the logical columns read. With `skip_change_commits`, a commit
+    whose deleted rows cannot be told from the log is skipped whole (counted in
+    `skipped_change_commits`) instead of raising `ChangeWithoutCdfError`.
+    """
+
+    def __init__(
+        self,
+        lake: Lake,
+        table: str,
+        columns: list[str] | None = None,
+        *,
+        skip_change_commits: bool = False,
+    ) -> None:
         self.table = table
         self.columns = columns
-        self.fs, root = lake_filesystem(lake)
+        self.fs, root = lake.filesystem()
         self.path = f"{root}/{table}"
+        self.log = DeltaLog(self.fs, self.path)
+        self.files = TableFiles(self.fs, self.path, table)
+        self.skip_change_commits = skip_change_commits
+        self.skipped_change_commits = 0
+        self.state: TableState | None = None  # in force before version `_next`
+        self._next: int | None = None
         self._expiry_checked = 0.0
+
+    # -- table state ---------------------------------------------------------------------
+
+    def start(self, version: int) -> None:
+        """Load the protocol and metadata in force before `version`, and check them.
+
+        Raises `UnsupportedFeatureError` when the table needs a reader feature the tail
+        does not implement, so a tail refuses a table before reading any of its rows.
+        """
+        state = self._state_before(version) if version > 0 else None
+        if state is not None:
+            state.check(self.table, version - 1)
+        self.state, self._next = state, version
+
+    def _state_before(self, version: int) -> TableState:
+        snapshot = snapshot_at(self.log, version - 1)
+        if snapshot is not None and snapshot.state is not None:
+            return snapshot.state
+        return self._state_before_expired(version)
+
+    def _state_before_expired(self, version: int) -> TableState:
+        """The log before `version` has expired: use the oldest checkpoint after it.
+
+        Its protocol and metadata are the ones in force before `version` unless a
+        commit from `version` up to that checkpoint changed them.
+        """
+        later = sorted(v for v in self.log.checkpoints() if v >= version)
+        if not later:
+            raise InputTableError(
+                f"cannot tell the schema of {self.table} before version {version}: the "
+                "log before it is gone and no checkpoint follows",
+                "check that the table was not deleted and re-created; otherwise the rows "
+                "of this table must be reprocessed from an empty timezone_unified",
+            )
+        snapshot = Snapshot(version=later[0])
+        snapshot.apply(
+            self.log.checkpoint_actions(self.log.checkpoint_files(later[0], None), False)
+        )
+        for v in range(version, later[0] + 1):
+            raw = self.log.commit(v)
+            actions = parse_actions(raw) if raw is not None else {}
+            if raw is None or actions.get("metaData") or actions.get("protocol"):
+                raise InputTableError(
+                    f"cannot tell the schema of {self.table} before version {version}: the "
+                    f"log before it expired and version {v} "
+                    + ("is missing" if raw is None else "changed the schema or protocol"),
+                    "the rows of this table must be reprocessed from an empty timezone_unified",
+                )
+        state = snapshot.state
+        if state is None:
+            raise InputTableError(
+                f"checkpoint {later[0]} of {self.table} has no protocol or metadata",
+                "check the table's _delta_log",
+            )
+        return state
+
+    # -- commits ------------------------------------------------------------------------
 
     def _check_not_expired(self, version: int) -> None:
         """A missing log file is either in the future or expired: tell them apart.
@@ -108,49 +191,136 @@ class DeltaLogTail:
             )
 
     def commit(self, version: int) -> Commit | None:
-        """The commit of `version`, or None when it has not landed yet."""
-        try:
-            with self.fs.open_input_stream(
-                f"{self.path}/_delta_log/{version:020d}.json", compression=None
-            ) as stream:
-                raw = stream.read()
-        except FileNotFoundError:
+        """The commit of `version`, or None when it has not landed yet.
+
+        Raises `UnsupportedFeatureError` if it needs a reader feature the tail does not
+        implement, and `ChangeWithoutCdfError` if it deletes rows the log cannot name
+        (unless skipping such commits); then nothing of this version is returned.
+        """
+        raw = self.log.commit(version)
+        if raw is None:
             self._check_not_expired(version)
             return None
-        commit = Commit(version=version, info={})
-        for line in raw.splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "commitInfo" in action:
-                commit.info = action["commitInfo"]
-            elif "add" in action:
-                add = action["add"]
-                if add.get("dataChange", True):
-                    commit.files.append(unquote(add["path"]))
-            elif "remove" in action and action["remove"].get("dataChange", True):
-                commit.removed_data += 1
-        if commit.removed_data:
+        actions = parse_actions(raw)
+        if self._next != version:
+            self.start(version)
+        before = self.state
+        state = before
+        if actions.get("protocol") or actions.get("metaData"):
+            protocol = actions["protocol"][-1] if actions.get("protocol") else None
+            metadata = actions["metaData"][-1] if actions.get("metaData") else None
+            protocol = protocol or (before.protocol if before else None)
+            metadata = metadata or (before.metadata if before else None)
+            if protocol is None or metadata is None:
+                raise InputTableError(
+                    f"{self.table} version {version} is not a valid Delta commit: no "
+                    "protocol or metadata in force",
+                    "check the table's _delta_log",
+                )
+            state = TableState(protocol, metadata)
+            state.check(self.table, version)
+        commit = Commit(version=version, info=(actions.get("commitInfo") or [{}])[0], state=state)
+        plan = plan_changes(actions, state)
+        if plan.parts and state is None:
+            raise InputTableError(
+                f"{self.table} version {version} adds data before any metadata",
+                "check the table's _delta_log",
+            )
+        if before is not None and state is not before and actions.get("metaData"):
+            changed = before.reads_existing_rows_differently(state)  # type: ignore[arg-type]
+            if changed:
+                commit.reread = (before, changed)
+        commit.parts, commit.change = plan.parts, plan.change
+        if plan.unresolvable:
+            if not self.skip_change_commits:
+                raise ChangeWithoutCdfError(
+                    f"{self.table} version {version} ({commit.operation}) changes rows the "
+                    f"log cannot name: {plan.unresolvable}",
+                    "turn the table's change data feed on (ALTER TABLE ... SET "
+                    "TBLPROPERTIES (delta.enableChangeDataFeed = true)) before deleting, "
+                    "updating or merging, and reprocess this table's rows from an empty "
+                    "timezone_unified; or set DELTABUS_SKIP_CHANGE_COMMITS=true to skip "
+                    "such commits whole (their rows then stay as they were in "
+                    "timezone_unified). The ETL stopped before this version and wrote "
+                    "nothing of it; its position is kept",
+                )
+            self.skipped_change_commits += 1
+            commit.skipped = plan.unresolvable
+            commit.parts = []
             log.warning(
-                "%s version %d deletes or rewrites data; tails replay appends only",
+                "%s version %d (%s) skipped (DELTABUS_SKIP_CHANGE_COMMITS): %s; "
+                "%d change commit(s) skipped so far",
                 self.table,
                 version,
+                commit.operation,
+                plan.unresolvable,
+                self.skipped_change_commits,
             )
+        self.state, self._next = state, version + 1
         return commit
 
     def rows(self, commit: Commit) -> pa.Table | None:
-        """The rows `commit` appended, with `_commit_version` and `_commit_timestamp`."""
-        if not commit.files:
+        """The rows `commit` changed: data columns, `_diff` (+1 inserted, -1 deleted),
+        `_commit_version` and `_commit_timestamp`; None when it changed none."""
+        where = f"{self.table} version {commit.version}"
+        parts: list[pa.Table] = []
+        if commit.reread is not None:
+            parts.extend(self._reread(commit, where))
+        if commit.parts:
+            assert commit.state is not None
+            for part in commit.parts:
+                parts.append(self.files.part_rows(commit.state, part, where, self.columns))
+        parts = [p for p in parts if p.num_rows]
+        if not parts:
             return None
-        parts = []
-        for name in commit.files:
-            with self.fs.open_input_file(f"{self.path}/{name}") as handle:
-                parts.append(pq.ParquetFile(handle).read(columns=self.columns))
-        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
+        table = concat(parts)
         n = table.num_rows
+        if commit.change or commit.reread is not None:
+            diff = table.column("_diff").to_numpy()
+            log.info(
+                "%s version %d (%s): %d row(s) inserted, %d retracted",
+                self.table,
+                commit.version,
+                commit.operation,
+                int((diff > 0).sum()),
+                int((diff < 0).sum()),
+            )
         return table.append_column(
-            "_commit_version", pa.array([commit.version] * n, pa.int64())
+            "_commit_version", pa.repeat(pa.scalar(commit.version, pa.int64()), n)
         ).append_column(
             "_commit_timestamp",
-            pa.array([commit.timestamp_ms] * n, pa.int64()).cast(pa.timestamp("ms")),
+            pa.array(np.full(n, commit.timestamp_ms, np.int64)).cast(pa.timestamp("ms")),
         )
+
+    def _reread(self, commit: Commit, where: str) -> list[pa.Table]:
+        """Every live row as read before the schema change (retracted) and after it
+        (inserted again): rows whose reading did not change cancel out."""
+        before, changed = commit.reread  # type: ignore[misc]
+        assert commit.state is not None
+        snapshot = snapshot_at(self.log, commit.version - 1, files=True)
+        if snapshot is None or snapshot.files is None:
+            raise InputTableError(
+                f"{where} changes how existing rows read (columns {changed}), and the "
+                "files of the version before it are no longer in the log",
+                "reprocess this table's rows from an empty timezone_unified",
+            )
+        log.warning(
+            "%s changes how existing rows read (columns %s): re-reading %d file(s)",
+            where,
+            changed,
+            len(snapshot.files),
+        )
+        out = []
+        for action in snapshot.files.values():
+            dv = action.get("deletionVector")
+            out.append(
+                self.files.part_rows(
+                    before, FilePart("live", action, -1, dv=dv), where, self.columns
+                )
+            )
+            out.append(
+                self.files.part_rows(
+                    commit.state, FilePart("live", action, 1, dv=dv), where, self.columns
+                )
+            )
+        return out

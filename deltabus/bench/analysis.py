@@ -12,7 +12,6 @@ import math
 from typing import Any
 
 import duckdb
-import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,10 +41,7 @@ STAGES = (
     ("unified_commit_to_seen", "unified_commit_ms", "seen_ms"),
 )
 
-# "Fell behind" (ARCHITECTURE: lag keeps growing through the run). See docs/benchmarks.md.
-BEHIND_MIN_GROWTH_S = 0.25  # Q4 median minus Q2 median, at least this ...
-BEHIND_REL_GROWTH = 0.25  # ... and at least this fraction of the Q2 median,
-BEHIND_MIN_SLOPE = 0.01  # with a per-interval median trend of >= 10 ms per second.
+# Whether a run kept up is decided in deltabus.bench.verdict, from the over-time series.
 
 
 # What the producer side contributes to a sample, from either backbone.
@@ -62,7 +58,6 @@ def _input_rows(lake, table: str) -> pl.DataFrame:
     its commit time (the same moment to within the commit's duration, unless compaction
     rewrote the file).
     """
-    from deltabus.tail import lake_filesystem
 
     dt = lake.open(table)
     columns = ["date", "message", "_change_type", "_commit_timestamp"]
@@ -74,7 +69,7 @@ def _input_rows(lake, table: str) -> pl.DataFrame:
     except Exception as exc:  # noqa: BLE001 - the fallback covers expired logs
         if "invalid table version" not in str(exc).lower():
             raise
-    filesystem, root = lake_filesystem(lake)
+    filesystem, root = lake.filesystem()
     actions = pa.table(dt.get_add_actions(flatten=True)).select(["path", "modification_time"])
     parts = []
     for path, mtime in zip(
@@ -92,7 +87,9 @@ def _input_rows(lake, table: str) -> pl.DataFrame:
 
 
 def delta_inputs(lake) -> pa.Table:
-    """Every message in the input tables: message, sent_ms (its `date`), input_commit_ms."""
+    """Every message in the input tables' current content: message, sent_ms (its `date`),
+    input_commit_ms, from the message's first insertion (a message an input deleted is
+    not in its current content)."""
     from deltabus.lake import INPUT_TABLES
     from deltabus.producer import DATE_FORMAT_POLARS
 
@@ -103,8 +100,22 @@ def delta_inputs(lake) -> pa.Table:
         frame = _input_rows(lake, table)
         if frame.height == 0:
             continue
+        sign = pl.col("_change_type").replace_strict(
+            {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1},
+            default=0,
+            return_dtype=pl.Int64,
+        )
+        present = (
+            frame.group_by("message").agg(sign.sum().alias("copies")).filter(pl.col("copies") > 0)
+        )
+        first = (
+            frame.filter(pl.col("_change_type") == "insert")
+            .sort("_commit_timestamp", maintain_order=True)
+            .unique(subset="message", keep="first", maintain_order=True)
+            .join(present, on="message", how="semi")
+        )
         frames.append(
-            frame.filter(pl.col("_change_type") == "insert").select(
+            first.select(
                 message=pl.col("message").cast(pl.String),
                 sent_ms=pl.col("date")
                 .str.strptime(pl.Datetime("us", "UTC"), DATE_FORMAT_POLARS)
@@ -127,6 +138,9 @@ def build_samples(inputs: pa.Table, seen: pa.Table) -> tuple[pa.Table, dict[str,
 
     Returns the samples (seen messages only) and bookkeeping: duplicates, rows seen that
     were never produced, retractions, and rows whose parsed timestamp differs from `date`.
+    The output is a changelog (`diff` -1 retracts an earlier row): duplicates are counted
+    on its net content (sum of `diff` per message above 1), and a sample is a message's
+    first insertion.
     """
     con = duckdb.connect()
     con.register("inputs", inputs)
@@ -134,8 +148,9 @@ def build_samples(inputs: pa.Table, seen: pa.Table) -> tuple[pa.Table, dict[str,
     checks = con.execute(
         """SELECT
              (SELECT count(*) FROM seen_raw WHERE diff <> 1) AS retractions,
-             (SELECT count(*) - count(DISTINCT message) FROM seen_raw WHERE diff = 1)
-                AS duplicate_rows,
+             (SELECT coalesce(sum(copies - 1), 0) FROM
+                (SELECT sum(diff) AS copies FROM seen_raw GROUP BY message)
+                WHERE copies > 1) AS duplicate_rows,
              (SELECT count(*) FROM inputs) AS produced_rows,
              (SELECT count(*) - count(DISTINCT message) FROM inputs) AS duplicate_inputs"""
     ).fetchall()[0]
@@ -243,7 +258,6 @@ def analyse(
     series = over_time(con, src, interval_s)
     out["over_time"] = [{k: _r(v) for k, v in row.items()} for row in series]
     out["stages_over_time"] = stages_over_time(con, src, interval_s)
-    out["behind"] = fell_behind(con, start_ms, warmup_s, duration_s, series)
     return out
 
 
@@ -260,52 +274,6 @@ def stages_over_time(
     )
     names = [d[0] for d in cur.description]  # type: ignore[union-attr]
     return [{k: _r(v) for k, v in zip(names, row, strict=True)} for row in cur.fetchall()]
-
-
-def fell_behind(
-    con: duckdb.DuckDBPyConnection,
-    start_ms: float,
-    warmup_s: float,
-    duration_s: float,
-    series: list[dict[str, float]],
-) -> dict[str, Any]:
-    """Q2 vs Q4 medians of the post-warm-up span, and the trend of per-interval medians."""
-    span = duration_s - warmup_s
-    q = span / 4
-    t0 = start_ms + warmup_s * 1000
-
-    def median(lo_s: float, hi_s: float) -> float | None:
-        row = con.execute(
-            f"""SELECT quantile_cont(latency_ms, 0.5) / 1000 FROM {SAMPLES_TABLE}
-                WHERE sent_ms >= {t0 + lo_s * 1000} AND sent_ms < {t0 + hi_s * 1000}"""
-        ).fetchall()[0]
-        return row[0] if row else None
-
-    quarters = [median(i * q, (i + 1) * q) for i in range(4)]
-    post = [r for r in series if r["t_s"] is not None and r["t_s"] >= warmup_s]
-    slope = None
-    if len(post) >= 3:
-        t = np.array([r["t_s"] for r in post], dtype=float)
-        y = np.array([r["p50"] for r in post], dtype=float)
-        slope = float(np.polyfit(t, y, 1)[0])
-    q2, q4 = quarters[1], quarters[3]
-    growth = (q4 - q2) if q2 is not None and q4 is not None else None
-    verdict = bool(
-        growth is not None
-        and slope is not None
-        and growth > max(BEHIND_MIN_GROWTH_S, BEHIND_REL_GROWTH * q2)
-        and slope >= BEHIND_MIN_SLOPE
-    )
-    return {
-        "fell_behind": verdict,
-        "quarter_p50_s": [_r(x) for x in quarters],
-        "q4_minus_q2_p50_s": _r(growth),
-        "p50_slope_s_per_s": _r(slope, 5),
-        "rule": (
-            f"Q4 p50 - Q2 p50 > max({BEHIND_MIN_GROWTH_S} s, {BEHIND_REL_GROWTH:.0%} of Q2 p50)"
-            f" and slope of per-interval p50 >= {BEHIND_MIN_SLOPE} s/s"
-        ),
-    }
 
 
 def recovery(

@@ -142,7 +142,11 @@ class TailConsumer(threading.Thread):
 
 
 class DeltaUnifiedConsumer(TailConsumer):
-    """Tails `timezone_unified` like the ETL tails its inputs: update_incremental + CDF."""
+    """Tails `timezone_unified` like the ETL tails its inputs: one GET of the next commit.
+
+    Every row keeps its `diff`: +1 rows are what the live statistics and the first-seen
+    samples count, -1 rows (retractions) are kept for the analysis to account for.
+    """
 
     DATA_COLUMNS = ["message", "timestamp", "time", "diff"]
 
@@ -164,6 +168,9 @@ class DeltaUnifiedConsumer(TailConsumer):
         if self.next_version <= 0:
             self.next_version = dt.version() + 1
         self._tail = DeltaLogTail(self.lake, UNIFIED_TABLE, columns=self.DATA_COLUMNS)
+        # The table state before the first version to read, loaded now, not on the hot path.
+        tail = self._tail
+        retry_storage(lambda: tail.start(self.next_version), what="read the unified table state")
 
     def poll_once(self) -> pa.Table | None:
         from deltabus.retry import retry_storage

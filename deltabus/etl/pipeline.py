@@ -68,6 +68,8 @@ class EtlReport:
     throughput_rows_s: float
     positions: dict[str, int]
     resumed_from: dict[str, int]
+    retractions: int = 0  # rows an input lost (delete, update), written with diff -1
+    skipped_change_commits: int = 0  # input commits skipped by DELTABUS_SKIP_CHANGE_COMMITS
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -154,6 +156,7 @@ def run_etl(
             rejects=rejects,
             on_start=mark_ready,
             finished_runs=finished.get(table, set()),
+            skip_change_commits=lake.settings.skip_change_commits,
         )
         for table in INPUT_TABLES
     ]
@@ -213,4 +216,6 @@ def run_etl(
         throughput_rows_s=round(sink.stats.rows / elapsed, 1) if elapsed else 0.0,
         positions=sink.positions,
         resumed_from=positions,
+        retractions=sum(s.stats.retractions for s in subjects),
+        skipped_change_commits=sum(s.stats.skipped_change_commits for s in subjects),
     )

@@ -1,11 +1,17 @@
 """Delta tail source: a Pathway Python connector that reads new Delta versions only.
 
 Each poll reads the next commit of the Delta log (deltabus.tail): one GET, which also
-says whether the version has landed; the rows it appended are read from its data files
-(compaction commits add none). Every Delta
-version becomes ONE Pathway row holding the whole batch as a list; the pipeline flattens
-it in Rust. That keeps the per-row Python hop out of the hot path: Python touches a
-batch, not a message.
+says whether the version has landed; the rows it changed are read from its files
+(compaction commits change none). Every Delta version becomes ONE Pathway row holding
+the whole batch as a list of (date, message, diff); the pipeline flattens it in Rust.
+That keeps the per-row Python hop out of the hot path: Python touches a batch, not a
+message. A version's insertions and retractions (rows an input deleted or updated,
+diff -1) travel in that one row, so they reach the unified table in the same commit.
+
+Inputs written by other Delta writers are read as the protocol says; a version the tail
+cannot read correctly (unsupported reader feature, rows deleted without change data)
+raises a `DeltabusError` from this thread before anything of it is sent, so the ETL
+stops and the position stays before it.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pathway as pw
+import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable
+import pyarrow.compute as pc
 
-from deltabus.errors import StorageError
+from deltabus.delta_protocol import concat, without_views
+from deltabus.errors import DeltabusError, StorageError
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.validate import split_valid
 from deltabus.lake import Lake
@@ -48,6 +56,8 @@ class SourceStats:
     versions: int = 0
     latest_version: int = -1
     finished_runs: set[str] = field(default_factory=set)
+    retractions: int = 0  # rows sent with diff -1 (deleted or updated in the input)
+    skipped_change_commits: int = 0  # DELTABUS_SKIP_CHANGE_COMMITS
 
 
 class DeltaTailSubject(pw.io.python.ConnectorSubject):
@@ -67,6 +77,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         max_versions_per_read: int = 50,
         on_start: Callable[[], None] | None = None,
         finished_runs: set[str] | None = None,
+        skip_change_commits: bool = False,
     ) -> None:
         super().__init__(datasource_name=f"delta:{table}")
         self.lake = lake
@@ -80,12 +91,14 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         self.max_versions_per_read = max_versions_per_read
         self.stats = SourceStats(finished_runs=set(finished_runs or ()))
         self.on_start = on_start
+        # Skip input commits that remove rows without change data (Settings).
+        self.skip_change_commits = skip_change_commits
 
     @property
     def _deletions_enabled(self) -> bool:
         return False
 
-    def _wait_for_table(self) -> DeltaTable | None:
+    def _wait_for_table(self) -> bool:
         """Wait for the input table; files without a Delta log for long are an error.
 
         A writer creating a table puts data files before the first log entry, so files
@@ -108,7 +121,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                 log.info(
                     "input table %s found, tailing from version %d", self.table, self.next_version
                 )
-                return retry_storage(lambda: self.lake.open(self.table), what=f"open {self.table}")
+                return True
             if not announced:
                 log.info(
                     "waiting for input table %s at %s to be created",
@@ -117,41 +130,102 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                 )
                 announced = True
             self.stop.wait(max(self.poll_interval, 0.2))
-        return None
+        return False
 
     def run(self) -> None:
         if self.on_start:
             self.on_start()
-        dt = self._wait_for_table()
-        if dt is None:
+        if not self._wait_for_table():
             return
+        tail = DeltaLogTail(self.lake, self.table, skip_change_commits=self.skip_change_commits)
+        # The protocol and schema in force where we resume: an unsupported one stops here.
+        retry_storage(
+            lambda: tail.start(self.next_version), what=f"read the protocol of {self.table}"
+        )
         if self.bounded and self.next_version > 0:
-            # Finish markers in versions an earlier run already processed still count.
-            for info in retry_storage(dt.history, what=f"history of {self.table}"):
-                if info.get("version", -1) < self.next_version:
-                    self._note_finished(info)
-        tail = DeltaLogTail(self.lake, self.table)
+            self._note_finished_before(self.next_version)
         while not self.stop.is_set():
-            commits = self._fetch_available(tail)
+            commits, refused = self._fetch_available(tail)
             if commits:
                 self._emit(tail, commits)
-                if len(commits) == self.max_versions_per_read:
-                    continue  # behind: read on right away
-            elif self.bounded and len(self.stats.finished_runs) >= self.expected_producers:
+            if refused is not None:
+                raise refused  # the versions before it are sent; nothing of it is
+            if len(commits) == self.max_versions_per_read:
+                continue  # behind: read on right away
+            finished = len(self.stats.finished_runs) >= self.expected_producers
+            if not commits and self.bounded and finished:
                 log.info("input %s finished at version %d", self.table, self.next_version - 1)
                 return
             self.stop.wait(self.poll_interval)
 
-    def _fetch_available(self, tail: DeltaLogTail) -> list[Commit]:
-        """The commits that have landed from `next_version` on (at most a read's worth)."""
+    def _fetch_available(self, tail: DeltaLogTail) -> tuple[list[Commit], DeltabusError | None]:
+        """The commits that have landed from `next_version` on (at most a read's worth),
+        and the error of a version the tail refuses (the commits before it still go)."""
         commits: list[Commit] = []
         while len(commits) < self.max_versions_per_read:
             version = self.next_version + len(commits)
-            commit = retry_storage(lambda v=version: tail.commit(v), what=f"poll {self.table}")
+            try:
+                commit = retry_storage(lambda v=version: tail.commit(v), what=f"poll {self.table}")
+            except DeltabusError as exc:
+                return commits, exc
             if commit is None:
                 break
             commits.append(commit)
-        return commits
+        return commits, None
+
+    def _note_finished_before(self, version: int) -> None:
+        """Finish markers in versions an earlier run already processed still count."""
+        try:
+            history = retry_storage(
+                lambda: self.lake.open(self.table).history(), what=f"history of {self.table}"
+            )
+        except DeltabusError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - delta-rs cannot open it; the tail decides
+            log.warning(
+                "cannot read the history of %s (%s); finished producer runs before version "
+                "%d come from timezone_unified's record only",
+                self.table,
+                str(exc).splitlines()[0][:200],
+                version,
+            )
+            return
+        for info in history:
+            if info.get("version", -1) < version:
+                self._note_finished(info)
+
+    def _validate(self, batch: pa.Table) -> pl.DataFrame:
+        """The batch's valid rows; rejects of rows the input gained go to `rejects`.
+
+        A retraction (diff -1) that is not valid takes back a row that was rejected when
+        it was inserted (validation is the same both times: a schema change that alters
+        how rows read re-reads them, deltabus.tail), so it has nothing to retract and is
+        not rejected a second time.
+        """
+        diff = batch.column("_diff")
+        if batch.num_rows and (pc.min(diff).as_py() or 0) < 0:
+            batch = without_views(batch)
+            inserted = batch.filter(pc.greater(diff, 0))
+            retracted = batch.filter(pc.less(diff, 0))
+            valid, bad = split_valid(inserted)
+            if retracted.num_rows:
+                valid_retracted, bad_retracted = split_valid(retracted)
+                # Versions go out in order: positions advance with the highest one sent.
+                valid = pl.concat([valid, valid_retracted]).sort(
+                    "_commit_version", maintain_order=True
+                )
+                if bad_retracted.height:
+                    log.info(
+                        "%s: %d retraction(s) of rows rejected when inserted dropped",
+                        self.table,
+                        bad_retracted.height,
+                    )
+        else:
+            valid, bad = split_valid(batch)
+        if bad.height:
+            self.stats.rejected += bad.height
+            self.rejects.write(self.table, bad)
+        return valid
 
     def _emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
         """Validate the commits' rows and send one Pathway row per version."""
@@ -162,17 +236,12 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         ]
         for commit in commits:
             self._note_finished(commit.info)
+        self.stats.skipped_change_commits = tail.skipped_change_commits
         if parts:
-            batch = (
-                parts[0]
-                if len(parts) == 1
-                else pa.concat_tables(parts, promote_options="permissive")
-            )
-            valid, bad = split_valid(batch)
-            if bad.height:
-                self.stats.rejected += bad.height
-                self.rejects.write(self.table, bad)
+            batch = concat(parts)
+            valid = self._validate(batch)
             self.stats.rows += valid.height
+            self.stats.retractions += int((valid["_diff"] < 0).sum())
             for (version,), part in valid.partition_by(
                 "_commit_version", as_dict=True, maintain_order=True
             ).items():
