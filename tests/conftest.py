@@ -41,6 +41,7 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
         access_key="test-" + secrets.token_hex(4),
         secret_key=secrets.token_urlsafe(18),
         binary=binary,
+        public_metrics=True,  # the benchmark reads request counts from MinIO's metrics
     )
     server.start()
     Lake(minio_settings_for(server, "bootstrap")).init_bucket()

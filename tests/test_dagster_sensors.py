@@ -16,8 +16,9 @@ from dagster import (
     build_sensor_context,
     materialize,
 )
-from deltalake import CommitProperties, write_deltalake
+from deltalake import CommitProperties, Transaction, write_deltalake
 
+from deltabus.etl.positions import ETL_APP_ID, position_marker
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.service import EtlService, lag, process_alive
@@ -58,7 +59,12 @@ def unified_commit(lake: Lake, messages: list[str], positions: dict[str, int]) -
         rows,
         mode="append",
         commit_properties=CommitProperties(
-            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": 0})
+            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": 0}),
+            # As the ETL's sink commits: the positions are app transactions.
+            app_transactions=[
+                Transaction(ETL_APP_ID, 0),
+                *(Transaction(position_marker(t), v) for t, v in positions.items()),
+            ],
         ),
     )
 

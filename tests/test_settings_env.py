@@ -26,6 +26,7 @@ def every_field_changed(tmp_path: Path) -> Settings:
         log_retention_s=120,
         checkpoint_interval=7,
         retry_max_wait_s=42.5,
+        skip_change_commits=True,
     )
     defaults = Settings.model_construct()
     same = [f for f in Settings.model_fields if getattr(changed, f) == getattr(defaults, f)]
