@@ -580,9 +580,9 @@ class TableFiles:
     def _open(self, path: str, size: int | None) -> Any:
         """A random-access handle on a data file.
 
-        A file the log says is small is fetched whole with one GET: opening it for random
-        access costs a HEAD (for its size) and two ranged GETs (footer, then columns) on an
-        object store, three billed requests instead of one.
+        A file the log says is small is fetched whole in one streamed read (pyarrow's HEAD,
+        then one GET): opening it for random access costs the HEAD and two ranged GETs
+        (footer, then columns), three billed requests instead of two.
         """
         if size is not None and int(size) <= WHOLE_FILE_BYTES:
             with self.fs.open_input_stream(path, compression=None) as stream:
