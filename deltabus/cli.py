@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -317,7 +318,11 @@ def main() -> None:
         if secret:
             text = text.replace(secret, "***")
         print(text, file=sys.stderr)
-        sys.exit(2)
+        # Leave without interpreter teardown: after a failed Pathway run its native
+        # threads can crash during it (SIGSEGV), which would hide this exit status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ INPUT_TABLES = ("timezone1", "timezone2")
 UNIFIED_TABLE = "timezone_unified"
 REJECTS_TABLE = "rejects"
 TABLE_ZONES = {"timezone1": "America/New_York", "timezone2": "Europe/Paris"}
+# Seconds files may sit at a table's location without a Delta log before that is an error.
+NOT_DELTA_GRACE_S = 10.0
 # Written and deleted under the lake root by `check(write=True)`; never a table name.
 PROBE_NAME = "_deltabus_write_probe"
 
@@ -294,6 +296,19 @@ class Lake:
                 "point DELTABUS_PREFIX at a deltabus lake, or move those files away",
             )
         return False
+
+    def settled_delta_or_absent(self, table: str, grace_s: float = NOT_DELTA_GRACE_S) -> bool:
+        """`require_delta_or_absent`, giving files without a Delta log `grace_s` to become a
+        table: a writer creating one (another producer, say) puts files before its first
+        log entry, so only files that stay without a log are an error."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            try:
+                return self.require_delta_or_absent(table)
+            except StorageError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
 
     def open(self, table: str, version: int | None = None) -> DeltaTable:
         """Open a Delta table, with a clear error when there is none at that path."""

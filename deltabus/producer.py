@@ -259,7 +259,7 @@ class Producer:
         expected = _columns(Schema.from_arrow(INPUT_SCHEMA))
         for name in INPUT_TABLES:
             present = retry_storage(
-                lambda n=name: self.lake.require_delta_or_absent(n), what=f"look for {name}"
+                lambda n=name: self.lake.settled_delta_or_absent(n), what=f"look for {name}"
             )
             if not present:
                 continue

@@ -31,14 +31,12 @@ from deltabus.delta_protocol import concat, without_views
 from deltabus.errors import DeltabusError, StorageError
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.validate import split_valid
-from deltabus.lake import Lake
+from deltabus.lake import NOT_DELTA_GRACE_S, Lake
 from deltabus.retry import retry_storage
 from deltabus.tables import meta
 from deltabus.tail import Commit, DeltaLogTail
 
 log = logging.getLogger(__name__)
-
-NOT_DELTA_GRACE_S = 10.0
 
 
 class BatchSchema(pw.Schema):
