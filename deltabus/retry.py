@@ -20,14 +20,6 @@ from deltabus.errors import ConfigError, DeltabusError, user_storage_error
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-PERMANENT_MARKERS = (
-    "invalidaccesskeyid",
-    "signaturedoesnotmatch",
-    "nosuchbucket",
-    "access denied",
-    "accessdenied",
-)
-
 TRANSIENT_MARKERS = (
     "connection refused",
     "error sending request",
@@ -67,10 +59,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionError | TimeoutError):
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
-    if any(s in text for s in PERMANENT_MARKERS):
-        return False
     if "aws error" in text:
-        # pyarrow's S3 client: anything but the permanent errors above is the server or
+        # pyarrow's S3 client: anything but the user-fixable errors above is the server or
         # the network (it reports a server going down as UNKNOWN, HTTP 499 or 503).
         return True
     return any(marker in text for marker in TRANSIENT_MARKERS)
