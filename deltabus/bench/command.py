@@ -190,14 +190,11 @@ def _minio_pid(settings) -> int | None:
     m = re.match(r"https?://(127\.0\.0\.1|localhost)(?::(\d+))?", settings.minio_endpoint)
     if settings.storage != "minio" or not m:
         return None
+    import psutil
+
     port = m.group(2) or "80"
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"minio") and any(c.endswith(f":{port}".encode()) for c in cmd):
-            return int(proc.name)
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and cmd[0].endswith("minio") and any(c.endswith(f":{port}") for c in cmd):
+            return int(proc.info["pid"])
     return None

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from deltabus.lake import Lake
 from deltabus.settings import Settings
 
 log = logging.getLogger(__name__)
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def minio_configured(settings: Settings) -> bool:
@@ -87,21 +87,18 @@ def machine_description() -> str:
 def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of `pid` so far (None when it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        times = psutil.Process(pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    return times.user + times.system
 
 
 def machine_busy() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all CPUs, from /proc/stat."""
-    try:
-        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
-        return None
-    values = [int(v) for v in parts]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return float(sum(values) - idle), float(sum(values))
+    """(busy, total) CPU seconds of all CPUs since boot (idle and I/O wait are not busy)."""
+    times = psutil.cpu_times()
+    total = sum(times)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total
 
 
 class CpuMeter:
