@@ -45,6 +45,58 @@ _ACCESS_DENIED = ("accessdenied", "access denied", "access_denied")
 _NO_BUCKET = ("nosuchbucket",)
 _PERMISSION = ("permission denied", "(os error 13)", "permissiondenied")
 
+# (errno values, text markers, problem, fix), tried in this order on each exception.
+_USER_STORAGE_FAILURES: tuple[tuple[tuple[int, ...], tuple[str, ...], str, str], ...] = (
+    (
+        (30,),
+        _READ_ONLY,
+        "the lake storage is read-only",
+        "make it writable (remount it read-write or fix its permissions), or point "
+        "DELTABUS_LOCAL_ROOT / DELTABUS_PREFIX at a writable place",
+    ),
+    (
+        (28, 122),
+        _DISK_FULL,
+        "no space left on the lake storage",
+        "free space on that disk (e.g. run lake maintenance to vacuum old files), "
+        "or point DELTABUS_LOCAL_ROOT at a disk with room",
+    ),
+    (
+        (),
+        _MINIO_FULL,
+        "the object store's drives are full",
+        "free space on MinIO's drives or add capacity (e.g. run lake maintenance "
+        "to vacuum old files)",
+    ),
+    (
+        (),
+        _CREDENTIALS,
+        "the object store rejected the credentials",
+        "check DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY (or MINIO_S3_ACCESS_KEY / "
+        "MINIO_S3_SECRET_ACCESS_KEY)",
+    ),
+    (
+        (),
+        _NO_BUCKET,
+        "the bucket does not exist",
+        "create it with `deltabus init-bucket`, or set DELTABUS_BUCKET",
+    ),
+    (
+        (),
+        _ACCESS_DENIED,
+        "the object store denied access",
+        "grant the access key read/write on the bucket (README, Security: "
+        "s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject)",
+    ),
+    (
+        (1, 13),
+        _PERMISSION,
+        "permission denied",
+        "give this user write access to that path, or point DELTABUS_LOCAL_ROOT "
+        "(or --out) at a writable place",
+    ),
+)
+
 
 def _chain(exc: BaseException) -> list[BaseException]:
     """`exc` and every exception it was raised from or during (causes, contexts, groups)."""
@@ -80,45 +132,7 @@ def user_storage_error(exc: BaseException, where: str = "") -> DeltabusError | N
     for e in chain:
         text = f"{type(e).__name__}: {e}".lower()
         errno = getattr(e, "errno", None)
-        if errno == 30 or any(m in text for m in _READ_ONLY):
-            return StorageError(
-                f"the lake storage{at} is read-only: {_excerpt(e)}",
-                "make it writable (remount it read-write or fix its permissions), or point "
-                "DELTABUS_LOCAL_ROOT / DELTABUS_PREFIX at a writable place",
-            )
-        if errno in (28, 122) or any(m in text for m in _DISK_FULL):
-            return StorageError(
-                f"no space left on the lake storage{at}: {_excerpt(e)}",
-                "free space on that disk (e.g. run lake maintenance to vacuum old files), "
-                "or point DELTABUS_LOCAL_ROOT at a disk with room",
-            )
-        if any(m in text for m in _MINIO_FULL):
-            return StorageError(
-                f"the object store's drives are full{at}: {_excerpt(e)}",
-                "free space on MinIO's drives or add capacity (e.g. run lake maintenance "
-                "to vacuum old files)",
-            )
-        if any(m in text for m in _CREDENTIALS):
-            return StorageError(
-                f"the object store rejected the credentials{at}: {_excerpt(e)}",
-                "check DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY (or MINIO_S3_ACCESS_KEY / "
-                "MINIO_S3_SECRET_ACCESS_KEY)",
-            )
-        if any(m in text for m in _NO_BUCKET):
-            return StorageError(
-                f"the bucket does not exist{at}: {_excerpt(e)}",
-                "create it with `deltabus init-bucket`, or set DELTABUS_BUCKET",
-            )
-        if any(m in text for m in _ACCESS_DENIED):
-            return StorageError(
-                f"the object store denied access{at}: {_excerpt(e)}",
-                "grant the access key read/write on the bucket (README, Security: "
-                "s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject)",
-            )
-        if errno in (1, 13) or any(m in text for m in _PERMISSION):
-            return StorageError(
-                f"permission denied{at}: {_excerpt(e)}",
-                "give this user write access to that path, or point DELTABUS_LOCAL_ROOT "
-                "(or --out) at a writable place",
-            )
+        for errnos, markers, problem, hint in _USER_STORAGE_FAILURES:
+            if errno in errnos or any(m in text for m in markers):
+                return StorageError(f"{problem}{at}: {_excerpt(e)}", hint)
     return None
