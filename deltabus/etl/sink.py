@@ -172,8 +172,13 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     def _check_lease(self) -> None:
         """Idle: raise `FencedError` if a newer ETL has claimed the table meanwhile."""
         assert self.lease is not None
-        retry_storage(self.dt.update_incremental, what="check the ETL lease")
-        self.lease.check(self.dt)
+        lease, dt = self.lease, self.dt
+
+        def check() -> None:
+            dt.update_incremental()
+            lease.check(dt)
+
+        retry_storage(check, what="check the ETL lease")
 
     @property
     def error(self) -> BaseException | None:
@@ -229,7 +234,10 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             previous = self.dt
             self.dt = self.checkpointer.refreshed(self.dt)
             if self.lease is not None and self.dt is not previous:
-                self.lease.check(self.dt)  # the fresh handle may include a newer claim
+                # The fresh handle may include a newer claim (reading it may touch
+                # storage, so an outage is waited out like any storage call).
+                lease, dt = self.lease, self.dt
+                retry_storage(lambda: lease.check(dt), what="check the ETL lease")
         info: dict[str, object] = {"etl.positions": positions, "etl.seq": seq}
         if self.lease is not None:  # who wrote it: names the holder to a second ETL
             info.update({"etl.epoch": self.lease.epoch, "etl.owner": self.lease.owner})
