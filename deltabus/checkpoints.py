@@ -52,6 +52,8 @@ class BackgroundCheckpointer:
         self._cond = threading.Condition()
         self._closing = False
         self._fresh: DeltaTable | None = None  # loaded after the latest checkpoint
+        self._wants_fresh = False  # set once the writer asks for fresh handles
+        self._dt: DeltaTable | None = None  # this thread's handle, advanced per checkpoint
         self._thread = threading.Thread(target=self._loop, name=f"checkpoint-{table}", daemon=True)
         self._thread.start()
 
@@ -86,12 +88,18 @@ class BackgroundCheckpointer:
 
     def _checkpoint(self, target: int) -> None:
         try:
-            dt = self.lake.open(self.table, version=target)  # last checkpoint + the rest
-            dt.create_checkpoint()
-            dt.cleanup_metadata()
-            fresh = self.lake.open(self.table)  # starts from the checkpoint just written
+            if self._dt is None:
+                self._dt = self.lake.open(self.table, version=target)
+            else:  # reads only the commits since the last checkpoint: one GET each
+                self._dt.load_as_version(target)
+            self._dt.create_checkpoint()
+            self._dt.cleanup_metadata()
+            # A writer on delta-rs' commit path swaps in a handle that starts from the
+            # checkpoint just written (`refreshed`); one that appends on its own does not.
+            fresh = self.lake.open(self.table) if self._wants_fresh else None
         except Exception as exc:  # noqa: BLE001 - a missed checkpoint only costs speed
             self.failures += 1
+            self._dt = None  # load it whole at the next interval
             log.warning(
                 "checkpoint of %s at version %d failed (retried at the next interval): %s",
                 self.table,
@@ -115,6 +123,7 @@ class BackgroundCheckpointer:
         """
         with self._cond:
             fresh, self._fresh = self._fresh, None
+            self._wants_fresh = True
         if fresh is None:
             return dt
         try:

@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
+import obstore
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -511,11 +512,21 @@ def plan_changes(actions: dict[str, list[dict[str, Any]]], state: TableState | N
 class TableFiles:
     """Reads a table's data, change data and deletion vector files through pyarrow."""
 
-    def __init__(self, filesystem: fs.FileSystem, table_path: str, table: str) -> None:
+    def __init__(
+        self,
+        filesystem: fs.FileSystem,
+        table_path: str,
+        table: str,
+        store: Any = None,
+        store_path: str | None = None,
+    ) -> None:
         self.fs = filesystem
         self.path = table_path
         self.table = table
         self.local = isinstance(filesystem, fs.LocalFileSystem)
+        # An obstore store and the table's path in it: small files in the table are
+        # fetched with one GET (pyarrow sends a HEAD first).
+        self.store, self.store_path = store, store_path
 
     def resolve(self, path: str) -> str:
         """A filesystem path for a log path (relative to the table, or an absolute URI)."""
@@ -585,6 +596,9 @@ class TableFiles:
         (footer, then columns), three billed requests instead of two.
         """
         if size is not None and int(size) <= WHOLE_FILE_BYTES:
+            if self.store is not None and path.startswith(self.path + "/"):
+                key = f"{self.store_path}/{path[len(self.path) + 1 :]}"
+                return pa.BufferReader(pa.py_buffer(obstore.get(self.store, key).bytes()))
             with self.fs.open_input_stream(path, compression=None) as stream:
                 return pa.BufferReader(stream.read())
         return self.fs.open_input_file(path)
@@ -788,12 +802,24 @@ class Snapshot:
 class DeltaLog:
     """Reads one table's `_delta_log`: commits, `_last_checkpoint`, checkpoints."""
 
-    def __init__(self, filesystem: fs.FileSystem, table_path: str) -> None:
+    def __init__(
+        self,
+        filesystem: fs.FileSystem,
+        table_path: str,
+        store: Any = None,
+        store_path: str | None = None,
+    ) -> None:
         self.fs = filesystem
         self.dir = f"{table_path}/_delta_log"
+        # With an obstore store (and the table's path in it), a read is one GET and a
+        # missing file one 404: what a tail polling for the next version pays.
+        self.store = store
+        self.store_dir = f"{store_path}/_delta_log"
 
     def read(self, name: str) -> bytes | None:
         try:
+            if self.store is not None:
+                return bytes(obstore.get(self.store, f"{self.store_dir}/{name}").bytes())
             with self.fs.open_input_stream(f"{self.dir}/{name}", compression=None) as stream:
                 return stream.read()
         except FileNotFoundError:

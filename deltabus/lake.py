@@ -101,6 +101,50 @@ class Lake:
         )
         return filesystem, f"{s.bucket}/{s.prefix}"
 
+    @cached_property
+    def object_store(self) -> Any:
+        """An obstore store rooted at the lake root, shared by the process's hot paths.
+
+        The Delta log's hot path (tail polls, fast-append commits) uses it: a GET that
+        404s is one request (pyarrow's filesystem sends a HEAD before every read), and a
+        PUT can be conditional (`mode="create"`, If-None-Match), which is how a commit
+        claims its version. One store per `Lake` means one connection pool per process.
+        Its own retries are few and short: `retry_storage` owns the waiting.
+        """
+        from datetime import timedelta
+
+        from obstore.store import LocalStore, S3Store
+
+        if self.is_local:
+            root = Path(self.root)
+            root.mkdir(parents=True, exist_ok=True)
+            return LocalStore(root)
+        s = self.settings
+        self.require_secret()
+        return S3Store(
+            s.bucket,
+            prefix=s.prefix or None,
+            endpoint=s.minio_endpoint,
+            access_key_id=s.access_key,
+            secret_access_key=s.secret_key.get_secret_value(),  # type: ignore[union-attr]
+            region=s.region,
+            virtual_hosted_style_request=False,
+            client_options={
+                "allow_http": s.minio_endpoint.startswith("http://"),
+                "connect_timeout": timedelta(seconds=5),
+                "timeout": timedelta(seconds=30),
+            },
+            retry_config={
+                "max_retries": 1,
+                "retry_timeout": timedelta(seconds=10),
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=50),
+                    "max_backoff": timedelta(seconds=1),
+                    "base": 2.0,
+                },
+            },
+        )
+
     # -- boto3, for bucket checks and bootstrap -------------------------------------
 
     def s3_client(

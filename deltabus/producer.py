@@ -28,11 +28,12 @@ from deltalake.schema import PrimitiveType
 
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError, StorageError
+from deltabus.fast_append import TableAppender
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, check_interval
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
 from deltabus.retry import retry_storage
-from deltabus.tables import INPUT_SCHEMA, append_once, ensure_table, find_commit, meta, metadata
+from deltabus.tables import INPUT_SCHEMA, ensure_table, find_commit, meta, metadata
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class Producer:
         self.lake = lake
         self.config = config
         self.tables: dict[str, DeltaTable] = {}
+        self.appenders: dict[str, TableAppender] = {}
         self.pools = {name: ThreadPoolExecutor(max_workers=1) for name in INPUT_TABLES}
         self.checkpointers: dict[str, BackgroundCheckpointer] = {}
         self._failed = threading.Event()
@@ -226,11 +228,7 @@ class Producer:
     def _append(
         self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
     ) -> None:
-        checkpointer = self.checkpointers.get(name)
-        if checkpointer:
-            self.tables[name] = checkpointer.refreshed(self.tables[name])
-        append_once(
-            self.tables[name],
+        self.appenders[name].append_once(
             batch,
             app_id=self.config.app_id,
             seq=seq,
@@ -246,7 +244,7 @@ class Producer:
                 }
             ),
             what=f"commit to {name}",
-            checkpointer=checkpointer,
+            checkpointer=self.checkpointers.get(name),
             markers={
                 f"{self.config.app_id}:next_index": hi,
                 f"{self.config.app_id}:start_us": start_us,
@@ -280,6 +278,7 @@ class Producer:
                 lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"
             )
             self.checkpointers[name] = BackgroundCheckpointer(self.lake, name)
+            self.appenders[name] = TableAppender(self.lake, name, self.tables[name])
         try:
             return self._run(on_progress)
         finally:

@@ -91,8 +91,9 @@ class DeltaLogTail:
         self.columns = columns
         self.fs, root = lake.filesystem()
         self.path = f"{root}/{table}"
-        self.log = DeltaLog(self.fs, self.path)
-        self.files = TableFiles(self.fs, self.path, table)
+        store = lake.object_store
+        self.log = DeltaLog(self.fs, self.path, store, table)
+        self.files = TableFiles(self.fs, self.path, table, store, table)
         self.skip_change_commits = skip_change_commits
         self.skipped_change_commits = 0
         self.state: TableState | None = None  # in force before version `_next`
@@ -168,13 +169,11 @@ class DeltaLogTail:
         if now - self._expiry_checked < 5:
             return
         self._expiry_checked = now
-        try:
-            with self.fs.open_input_stream(
-                f"{self.path}/_delta_log/_last_checkpoint", compression=None
-            ) as stream:
-                checkpoint = int(json.loads(stream.read())["version"])
-        except FileNotFoundError:
+        raw = self.log.read("_last_checkpoint")
+        if raw is None:
             return
+        try:
+            checkpoint = int(json.loads(raw)["version"])
         except (ValueError, KeyError, TypeError):
             # Read while a writer replaced it (object stores overwrite it in place, and a
             # ranged read can mix two versions): look again at the next check.

@@ -15,6 +15,7 @@ import pytest
 
 from deltabus.etl.fence import EPOCH_APP_ID, FencedError, claim, current_epoch
 from deltabus.etl.sink import DeltaSinkObserver
+from deltabus.fast_append import TableAppender
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
@@ -45,7 +46,7 @@ def test_a_fenced_sink_stops_and_writes_nothing(lake: Lake):
     lease = claim(dt, UNIFIED_TABLE, UNIFIED_SCHEMA, "continuous")
     failures: list[BaseException] = []
     sink = DeltaSinkObserver(
-        dt,
+        TableAppender(lake, UNIFIED_TABLE, dt),
         {"timezone1": -1, "timezone2": -1},
         0.01,
         next_seq=0,

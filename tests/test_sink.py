@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from deltabus.etl.sink import BURST, DeltaSinkObserver
+from deltabus.fast_append import TableAppender
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 
@@ -33,7 +34,9 @@ def deliver(sink: DeltaSinkObserver, source: str, version: int, n: int = 5) -> N
 
 def new_sink(lake: Lake, interval: float) -> DeltaSinkObserver:
     dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
-    return DeltaSinkObserver(dt, dict.fromkeys(SOURCES, -1), interval, next_seq=0)
+    return DeltaSinkObserver(
+        TableAppender(lake, UNIFIED_TABLE, dt), dict.fromkeys(SOURCES, -1), interval, next_seq=0
+    )
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001

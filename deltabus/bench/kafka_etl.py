@@ -28,6 +28,7 @@ OUTPUT_TOPIC = "timezone_unified"
 def build(bootstrap: str, group: str, ready_file: Path | None, autocommit_ms: int = 10):
     import pathway as pw
 
+    from deltabus.bench.workload import KAFKA_LINGER_MS
     from deltabus.etl.pipeline import DATE_FORMAT
 
     class InputSchema(pw.Schema):
@@ -58,7 +59,7 @@ def build(bootstrap: str, group: str, ready_file: Path | None, autocommit_ms: in
     )
     pw.io.kafka.write(
         unified,
-        {"bootstrap.servers": bootstrap, "linger.ms": "1", "acks": "all"},
+        {"bootstrap.servers": bootstrap, "linger.ms": str(KAFKA_LINGER_MS), "acks": "all"},
         topic_name=OUTPUT_TOPIC,
         format="json",
         name="kafka_timezone_unified",

@@ -25,6 +25,7 @@ from deltabus.etl.positions import recorded_finished_runs, recorded_positions
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.sink import DeltaSinkObserver
 from deltabus.etl.source import BatchSchema, DeltaTailSubject
+from deltabus.fast_append import TableAppender
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.intervals import (
     DEFAULT_COMMIT_INTERVAL_MS,
@@ -172,7 +173,7 @@ def run_etl(
     unified_rows = unified_expression(pw.Table.concat_reindex(*streams))
     checkpointer = BackgroundCheckpointer(lake, UNIFIED_TABLE)
     sink = DeltaSinkObserver(
-        unified,
+        TableAppender(lake, UNIFIED_TABLE, unified),
         positions,
         config.commit_interval,
         seq,

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import pathway as pw
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import user_storage_error
 from deltabus.etl.fence import Lease
 from deltabus.etl.positions import ETL_APP_ID, position_marker
+from deltabus.fast_append import TableAppender
 from deltabus.retry import retry_storage
-from deltabus.tables import UNIFIED_SCHEMA, append_once, metadata
+from deltabus.tables import UNIFIED_SCHEMA, metadata
 
 log = logging.getLogger(__name__)
 _monotonic = time.monotonic  # on_time_end's `time` argument shadows the module
@@ -48,7 +48,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
 
     def __init__(
         self,
-        dt: DeltaTable,
+        appender: TableAppender,
         positions: dict[str, int],
         commit_interval: float,
         next_seq: int,
@@ -57,7 +57,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         lease: Lease | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
-        self.dt = dt
+        self.appender = appender
         self.lease = lease
         self.on_failure = on_failure
         self.checkpointer = checkpointer
@@ -66,7 +66,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self.linger = commit_interval * 0.5
         self.positions = dict(positions)  # highest input version fully delivered
         self.seq = next_seq
-        self.stats = SinkStats(version=dt.version())
+        self.stats = SinkStats(version=appender.version())
         self._cols: tuple[list, list, list, list] = ([], [], [], [])
         self._pending: list[tuple[tuple[list, list, list, list], dict[str, int]]] = []
         self._seen: dict[str, int] = dict(positions)
@@ -172,11 +172,11 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     def _check_lease(self) -> None:
         """Idle: raise `FencedError` if a newer ETL has claimed the table meanwhile."""
         assert self.lease is not None
-        lease, dt = self.lease, self.dt
+        lease, appender = self.lease, self.appender
 
         def check() -> None:
-            dt.update_incremental()
-            lease.check(dt)
+            appender.refresh()
+            lease.check(appender)
 
         retry_storage(check, what="check the ETL lease")
 
@@ -230,21 +230,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         )
         seq = self.seq
         started = time.monotonic()
-        if self.checkpointer:
-            previous = self.dt
-            self.dt = self.checkpointer.refreshed(self.dt)
-            if self.lease is not None and self.dt is not previous:
-                # The fresh handle may include a newer claim (reading it may touch
-                # storage, so an outage is waited out like any storage call).
-                lease, dt = self.lease, self.dt
-                retry_storage(lambda: lease.check(dt), what="check the ETL lease")
         info: dict[str, object] = {"etl.positions": positions, "etl.seq": seq}
         if self.lease is not None:  # who wrote it: names the holder to a second ETL
             info.update({"etl.epoch": self.lease.epoch, "etl.owner": self.lease.owner})
         if self.finished_runs:
             info["etl.finished_runs"] = self.finished_runs()
-        append_once(
-            self.dt,
+        self.appender.append_once(
             table,
             app_id=ETL_APP_ID,
             seq=seq,
@@ -258,5 +249,5 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self.positions = positions
         self.stats.rows += table.num_rows
         self.stats.commits += 1
-        self.stats.version = self.dt.version()
+        self.stats.version = self.appender.version()
         self.stats.last_commit_ms = (time.monotonic() - started) * 1000
