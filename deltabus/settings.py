@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     # Input commits that remove rows without change data (copy-on-write deletes on a table
     # without CDF) are skipped, logged and counted instead of stopping the ETL.
     skip_change_commits: bool = False
+    # Tails are woken by the store's commit notifications (MinIO's ListenBucketNotification),
+    # for stores that stream them as they happen; off by default because current MinIO
+    # releases hold them back in batches (docs/benchmarks.md). Tails poll either way.
+    notify: bool = False
+    # Longest pause between polls of a table that has gone quiet (milliseconds).
+    idle_poll_ms: float = Field(1000.0, ge=1, le=60_000, allow_inf_nan=False)
 
     @field_validator("prefix")
     @classmethod
@@ -120,6 +126,8 @@ class Settings(BaseSettings):
             "DELTABUS_CHECKPOINT_INTERVAL": str(self.checkpoint_interval),
             "DELTABUS_RETRY_MAX_WAIT_S": f"{self.retry_max_wait_s:g}",
             "DELTABUS_SKIP_CHANGE_COMMITS": "true" if self.skip_change_commits else "false",
+            "DELTABUS_NOTIFY": "true" if self.notify else "false",
+            "DELTABUS_IDLE_POLL_MS": f"{self.idle_poll_ms:g}",
         }
         if self.log_retention_s is not None:
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)

@@ -27,6 +27,8 @@ def every_field_changed(tmp_path: Path) -> Settings:
         checkpoint_interval=7,
         retry_max_wait_s=42.5,
         skip_change_commits=True,
+        notify=True,
+        idle_poll_ms=250,
     )
     defaults = Settings.model_construct()
     same = [f for f in Settings.model_fields if getattr(changed, f) == getattr(defaults, f)]

@@ -107,7 +107,7 @@ class TailConsumer(threading.Thread):
             while not self.stop_event.is_set():
                 batch = self.poll_once()
                 if batch is None or batch.num_rows == 0:
-                    self.stop_event.wait(self.poll_s)
+                    self.idle()
                     continue
                 self.parts.append(batch)
                 self.rows += batch.num_rows
@@ -127,6 +127,10 @@ class TailConsumer(threading.Thread):
 
     def setup(self) -> None:
         pass
+
+    def idle(self) -> None:
+        """Nothing new: wait before the next poll."""
+        self.stop_event.wait(self.poll_s)
 
     def teardown(self) -> None:
         pass
@@ -157,9 +161,11 @@ class DeltaUnifiedConsumer(TailConsumer):
         self.next_version = 0  # 0: the version after the current one when it starts
         self.versions = 0
         self._tail = None
+        self._pacer = None
 
     def setup(self) -> None:
         from deltabus.lake import UNIFIED_TABLE
+        from deltabus.pacing import Pacer
         from deltabus.retry import retry_storage
         from deltabus.tail import DeltaLogTail
 
@@ -168,9 +174,13 @@ class DeltaUnifiedConsumer(TailConsumer):
         if self.next_version <= 0:
             self.next_version = dt.version() + 1
         self._tail = DeltaLogTail(self.lake, UNIFIED_TABLE, columns=self.DATA_COLUMNS)
+        self._pacer = Pacer(self.lake, UNIFIED_TABLE, self.poll_s, self.stop_event)
         # The table state before the first version to read, loaded now, not on the hot path.
         tail = self._tail
         retry_storage(lambda: tail.start(self.next_version), what="read the unified table state")
+
+    def idle(self) -> None:
+        self._pacer.wait()
 
     def poll_once(self) -> pa.Table | None:
         from deltabus.retry import retry_storage
@@ -178,7 +188,10 @@ class DeltaUnifiedConsumer(TailConsumer):
         tail = self._tail
         # One GET of the next commit file says whether it landed and what it added.
         parts = []
-        while True:
+        notified = self._pacer.latest_notified()
+        upto = notified if notified is not None and notified >= self.next_version else None
+        found = 0
+        while upto is None or self.next_version <= upto:
             version = self.next_version
             commit = retry_storage(lambda v=version: tail.commit(v), what="poll timezone_unified")
             if commit is None:
@@ -186,8 +199,10 @@ class DeltaUnifiedConsumer(TailConsumer):
             rows = retry_storage(lambda c=commit: tail.rows(c), what="read timezone_unified")
             self.next_version += 1
             self.versions += 1
+            found += 1
             if rows is not None:
                 parts.append(rows)
+        self._pacer.found(found)
         if not parts:
             return None
         seen_ms = time.time() * 1000

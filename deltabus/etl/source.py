@@ -32,6 +32,7 @@ from deltabus.errors import DeltabusError, StorageError
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.validate import split_valid
 from deltabus.lake import NOT_DELTA_GRACE_S, Lake
+from deltabus.pacing import Pacer
 from deltabus.retry import retry_storage
 from deltabus.tables import meta
 from deltabus.tail import Commit, DeltaLogTail
@@ -142,8 +143,10 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         )
         if self.bounded and self.next_version > 0:
             self._note_finished_before(self.next_version)
+        pacer = Pacer(self.lake, self.table, self.poll_interval, self.stop)
         while not self.stop.is_set():
-            commits, refused = self._fetch_available(tail)
+            commits, refused = self._fetch_available(tail, pacer.latest_notified())
+            pacer.found(len(commits))
             if commits:
                 self._emit(tail, commits)
             if refused is not None:
@@ -154,14 +157,23 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             if not commits and self.bounded and finished:
                 log.info("input %s finished at version %d", self.table, self.next_version - 1)
                 return
-            self.stop.wait(self.poll_interval)
+            pacer.wait()
 
-    def _fetch_available(self, tail: DeltaLogTail) -> tuple[list[Commit], DeltabusError | None]:
+    def _fetch_available(
+        self, tail: DeltaLogTail, notified: int | None = None
+    ) -> tuple[list[Commit], DeltabusError | None]:
         """The commits that have landed from `next_version` on (at most a read's worth),
-        and the error of a version the tail refuses (the commits before it still go)."""
+        and the error of a version the tail refuses (the commits before it still go).
+
+        With `notified` (the highest version the store announced) at or past the next
+        version, the versions up to it are read without a GET that finds nothing after.
+        """
         commits: list[Commit] = []
+        upto = notified if notified is not None and notified >= self.next_version else None
         while len(commits) < self.max_versions_per_read:
             version = self.next_version + len(commits)
+            if upto is not None and version > upto:
+                break
             try:
                 commit = retry_storage(lambda v=version: tail.commit(v), what=f"poll {self.table}")
             except DeltabusError as exc:
