@@ -1,0 +1,88 @@
+"""Poll pacing (deltabus.pacing): in step with the writer, backing off when quiet, and what
+a quiet ETL costs on a real MinIO, counted by MinIO's own request metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+
+from deltabus.bench.cost import RequestMeter
+from deltabus.lake import Lake
+from deltabus.pacing import Pacer
+from deltabus.producer import Producer, ProducerConfig
+from tests.conftest import lake_env, minio_settings_for
+from tests.helpers import etl_process, read_unified, wait_for_file
+
+
+def test_pacer_follows_the_writer_and_backs_off(local_lake: Lake) -> None:
+    lake = Lake(local_lake.settings.model_copy(update={"idle_poll_ms": 400}))
+    pacer = Pacer(lake, "t", 0.01, threading.Event())
+    for _ in range(6):  # a writer committing every 50 ms
+        pacer.found(1)
+        time.sleep(0.05)
+    assert pacer.gap is not None and 0.04 < pacer.gap < 0.08
+    pacer.found(1)
+    assert 0.025 < pacer._delay < 0.06  # most of a gap, not the 10 ms poll interval
+    time.sleep(0.3)  # the writer went quiet: each miss waits longer, up to the idle cap
+    delays = []
+    for _ in range(12):
+        pacer.found(0)
+        delays.append(pacer._delay)
+    assert delays == sorted(delays) and delays[-1] == 0.4
+    pacer.found(1)  # it commits again: back in step at once
+    assert pacer._delay < 0.1
+
+
+def test_stop_ends_a_wait_at_once(local_lake: Lake) -> None:
+    lake = Lake(local_lake.settings.model_copy(update={"idle_poll_ms": 60_000}))
+    stop = threading.Event()
+    pacer = Pacer(lake, "t", 30.0, stop)
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    pacer.wait()
+    assert time.monotonic() - start < 1.0
+
+
+def rows_in_unified(lake: Lake) -> int:
+    return read_unified(lake).height if lake.exists("timezone_unified") else 0
+
+
+def wait_rows(lake: Lake, n: int, timeout: float = 60) -> float:
+    start = time.monotonic()
+    while rows_in_unified(lake) < n:
+        assert time.monotonic() - start < timeout, f"unified never reached {n} rows"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def test_a_quiet_etl_costs_little_and_wakes_for_the_next_commit(minio, tmp_path: Path) -> None:
+    lake = Lake(minio_settings_for(minio, f"quiet-{time.time_ns()}", idle_poll_ms=500))
+    ready = tmp_path / "ready"
+    etl = etl_process(lake_env(lake), tmp_path, "--mode", "continuous", "--ready-file", str(ready))
+    try:
+        wait_for_file(ready, etl)
+        config = ProducerConfig(rate=2000, count=400, commit_interval=0.1, run_id="busy")
+        Producer(lake, config).run()
+        wait_rows(lake, 400)
+        time.sleep(3)  # long enough for every poll to back off to the idle cap
+        meter = RequestMeter(minio.endpoint)
+        meter.start()
+        time.sleep(5)
+        meter.stop()
+        idle = meter.per_second()
+        # Two input tails at 2 polls/s, the lease check and the expiry check: a few a
+        # second, where polling every 20 ms costs 100.
+        assert idle is not None and idle["total"] < 8, idle
+        start = time.monotonic()
+        Producer(lake, ProducerConfig(rate=100, count=10, commit_interval=0.1, run_id="late")).run()
+        # The first commit after the pause is seen within one idle poll (plus the commit).
+        assert wait_rows(lake, 410) < 2.0 + (time.monotonic() - start)
+    finally:
+        etl.terminate()
+        etl.communicate(timeout=60)
+    unified = read_unified(lake)
+    assert unified.height == 410 and unified["message"].n_unique() == 410
+    assert unified.filter(pl.col("diff") != 1).height == 0
