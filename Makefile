@@ -40,10 +40,10 @@ demo: minio dagster-home  ## set everything up, run pipeline_job through Dagster
 ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://127.0.0.1:3000
 	$(PY) -m dagster dev -h 127.0.0.1 -p 3000
 
-bench: venv minio-bin kafka-jars  ## latency benchmark sweep on a throwaway MinIO, Kafka side by side; reports in bench-out/
-	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000,30000,70000 --duration 30 --warmup 5 --out bench-out/100ms
-	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,70000,100000,150000,250000 --duration 30 --warmup 5 --out bench-out/1000ms
-	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --backbone both --duration 30 --warmup 5 --out bench-out/kafka
+bench: venv minio-bin kafka-jars  ## latency + cost sweep on a throwaway MinIO, Kafka side by side; reports in bench-out/
+	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000,30000,70000 --backbone both --duration 60 --warmup 15 --out bench-out/100ms
+	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,100000,150000,250000 --duration 60 --warmup 15 --out bench-out/1000ms
+	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --duration 60 --warmup 15 --idle-s 60 --out bench-out/idle
 
 kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/kafka.sh fetch

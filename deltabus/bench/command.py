@@ -154,7 +154,11 @@ def bench(
     if cli.state.as_json:
         print(__import__("json").dumps(report))
     else:
-        print((out / "report.md").read_text().split("\n## All percentiles")[0].rstrip())
+        text = (out / "report.md").read_text()
+        print(text.split("\n## All percentiles")[0].rstrip())
+        if "\n## Cost per message" in text:  # the cost table beside the latency table
+            cost = text.split("\n## Cost per message")[1].split("\n## ")[0]
+            print("\n## Cost per message" + cost.rstrip())
         print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")
     if errors:
         for e in errors:

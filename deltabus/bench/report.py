@@ -138,7 +138,12 @@ def cost_markdown(runs: list[dict]) -> list[str]:
                 f"\nIdle ({r['backbone']}, after the {r['rate']:,} msg/s run, "
                 f"{idle['seconds']:g} s without traffic): {busy:.1f} % of one core in all "
                 f"({', '.join(f'{k} {v}' for k, v in cpu.items())}), "
-                f"{q.get('total', 'n/a')} requests/s."
+                f"{q.get('total', 'n/a')} requests/s"
+                + (
+                    f"; the first commit sent after it was seen {first:.2f} s later."
+                    if (first := idle.get("first_after_idle_s")) is not None
+                    else "."
+                )
             )
     if prices:
         lines += ["", f"Prices: {prices}."]

@@ -43,6 +43,21 @@ START_DELAY_S = 0.5  # schedule origin this far after every producer reported re
 MAX_DRAIN_WAIT_FACTOR = 2.0  # after the producers end, wait at most this x duration + 60 s
 
 
+# The probe sent after the idle window: a run id of its own, left out of the analysis.
+AFTER_IDLE_RUN = "after-idle"
+AFTER_IDLE_COUNT = 10
+
+
+def _without_after_idle(table: pa.Table) -> pa.Table:
+    """The run's own messages: the after-idle probe is measured apart (`first_after_idle_s`)."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0 or "message" not in table.column_names:
+        return table
+    probe = pc.starts_with(table.column("message").cast(pa.string()), f"{AFTER_IDLE_RUN}-")
+    return table.filter(pc.invert(probe))
+
+
 class Bench:
     def __init__(
         self,
@@ -195,6 +210,7 @@ class Bench:
             )
             if cfg.idle_s > 0 and etls[-1].alive():
                 state.idle = self._measure_idle(cpu.pids, cfg.idle_s)
+                state.idle["first_after_idle_s"] = self._first_after_idle(lake, consumer)
         finally:
             for h in handles:
                 h.kill()
@@ -213,7 +229,7 @@ class Bench:
                 state.maintenance = _json_lines(maint.stdout_path)
         if consumer.error is not None:
             state.errors.append(f"consumer failed: {consumer.error}")
-        return delta_inputs(lake), consumer.table()
+        return _without_after_idle(delta_inputs(lake)), _without_after_idle(consumer.table())
 
     def _drain_step(
         self,
@@ -351,6 +367,30 @@ class Bench:
             self.minio_requests.stop()
             out["requests_per_s"] = self.minio_requests.per_second()
         return out
+
+    def _first_after_idle(self, lake: Lake, consumer: DeltaUnifiedConsumer) -> float | None:
+        """Seconds from sending a commit's worth of messages after the idle window until the
+        consumer saw them all: what the first message after a pause waits (its tails had
+        backed off). None when they did not arrive within 30 s."""
+        from deltabus.producer import Producer, ProducerConfig
+
+        seen = consumer.inserted
+        config = ProducerConfig(
+            rate=1000,
+            count=AFTER_IDLE_COUNT,
+            commit_interval=self.cfg.commit_interval,
+            run_id=AFTER_IDLE_RUN,
+        )
+        sent = time.monotonic()
+        Producer(lake, config).run()
+        deadline = sent + 30
+        while consumer.inserted < seen + AFTER_IDLE_COUNT:
+            if time.monotonic() > deadline or consumer.error is not None:
+                return None
+            time.sleep(0.002)
+        waited = round(time.monotonic() - sent, 3)
+        log.info("first commit after the idle window seen %.3f s after it was sent", waited)
+        return waited
 
     def _drive(
         self,
