@@ -44,6 +44,9 @@ class Pacer:
         self.gap: float | None = None  # the writer's mean seconds between commits
         self._last_hit: float | None = None
         self._delay = poll_interval
+        # When the next poll is due, counted from the poll that set it (not from when the
+        # tail is done with what it found: that would let the polls drift behind).
+        self._due = time.monotonic()
 
     @property
     def notified(self) -> bool:
@@ -64,6 +67,7 @@ class Pacer:
                 self._delay = min(self.idle_poll, max(self.poll_interval, self._delay * 1.5))
             else:
                 self._delay = self.poll_interval
+            self._due = now + self._delay
             return
         if self._last_hit is not None and self._delay < self.idle_poll:
             gap = (now - self._last_hit) / versions
@@ -72,6 +76,7 @@ class Pacer:
         # Next look: most of a gap from now, when the writer's next commit is due.
         ahead = (self.gap or 0.0) * (1 - EARLY)
         self._delay = min(self.idle_poll, max(self.poll_interval, ahead))
+        self._due = now + self._delay
 
     def wait(self) -> None:
         """Sleep until the next poll is due, a notification arrives or stop is set."""
@@ -82,7 +87,7 @@ class Pacer:
                 if left <= 0 or self.watch.wait(min(WAIT_SLICE_S, left)):
                     return
             return
-        deadline = time.monotonic() + self._delay
+        deadline = self._due
         while not self.stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

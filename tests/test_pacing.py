@@ -36,6 +36,22 @@ def test_pacer_follows_the_writer_and_backs_off(local_lake: Lake) -> None:
     assert pacer._delay < 0.1
 
 
+def test_the_next_poll_is_counted_from_the_poll_not_from_the_work_after_it(
+    local_lake: Lake,
+) -> None:
+    """Reading what a poll found takes time; the next poll stays in step with the writer
+    (counting its delay after that work made the polls drift behind, commit by commit)."""
+    pacer = Pacer(local_lake, "t", 0.01, threading.Event())
+    for _ in range(6):  # a writer committing every 100 ms
+        pacer.found(1)
+        time.sleep(0.1)
+    pacer.found(1)
+    found = time.monotonic()
+    time.sleep(0.05)  # emitting the rows
+    pacer.wait()
+    assert time.monotonic() - found < 0.095  # ~0.075: before the writer's next commit
+
+
 def test_stop_ends_a_wait_at_once(local_lake: Lake) -> None:
     lake = Lake(local_lake.settings.model_copy(update={"idle_poll_ms": 60_000}))
     stop = threading.Event()
