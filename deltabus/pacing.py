@@ -43,6 +43,7 @@ class Pacer:
         self.watch = self.notifier.watch(table) if self.notifier is not None else None
         self.gap: float | None = None  # the writer's mean seconds between commits
         self._last_hit: float | None = None
+        self._idle = True  # backing off: the time to the next hit says nothing of the gap
         self._delay = poll_interval
         # When the next poll is due, counted from the poll that set it (not from when the
         # tail is done with what it found: that would let the polls drift behind).
@@ -64,15 +65,16 @@ class Pacer:
             quiet = now - self._last_hit if self._last_hit is not None else None
             # A miss long after the expected commit means the writer paused: back off.
             if quiet is None or quiet > 2 * (self.gap or self.poll_interval) + self.poll_interval:
+                self._idle = True
                 self._delay = min(self.idle_poll, max(self.poll_interval, self._delay * 1.5))
             else:
                 self._delay = self.poll_interval
             self._due = now + self._delay
             return
-        if self._last_hit is not None and self._delay < self.idle_poll:
+        if self._last_hit is not None and not self._idle:
             gap = (now - self._last_hit) / versions
             self.gap = gap if self.gap is None else self.gap + GAP_WEIGHT * (gap - self.gap)
-        self._last_hit = now
+        self._last_hit, self._idle = now, False
         # Next look: most of a gap from now, when the writer's next commit is due.
         ahead = (self.gap or 0.0) * (1 - EARLY)
         self._delay = min(self.idle_poll, max(self.poll_interval, ahead))

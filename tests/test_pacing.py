@@ -52,6 +52,20 @@ def test_the_next_poll_is_counted_from_the_poll_not_from_the_work_after_it(
     assert time.monotonic() - found < 0.095  # ~0.075: before the writer's next commit
 
 
+def test_a_writer_slower_than_the_idle_cap_is_still_followed(local_lake: Lake) -> None:
+    """A first gap inflated by start-up must wash out, also when the writer's gap is near
+    the idle cap (1000 ms commits): a stuck estimate locked the polls at a random phase,
+    up to a whole interval after each commit."""
+    lake = Lake(local_lake.settings.model_copy(update={"idle_poll_ms": 300}))
+    pacer = Pacer(lake, "t", 0.01, threading.Event())
+    pacer.found(1)
+    time.sleep(0.6)  # the first gap: start-up
+    for _ in range(8):  # then a commit every 200 ms
+        pacer.found(1)
+        time.sleep(0.2)
+    assert pacer.gap is not None and 0.17 < pacer.gap < 0.3, pacer.gap
+
+
 def test_stop_ends_a_wait_at_once(local_lake: Lake) -> None:
     lake = Lake(local_lake.settings.model_copy(update={"idle_poll_ms": 60_000}))
     stop = threading.Event()
