@@ -2,6 +2,7 @@
 
 from assets.automation import (
     benchmark_job,
+    etl_service_health,
     etl_service_sensor,
     hourly_maintenance_schedule,
     nightly_benchmark_schedule,
@@ -13,10 +14,10 @@ from assets.benchmark import benchmark_report
 from assets.checks import UNIFIED_CHECKS
 from assets.latency import latency_percentiles, p99_within_limit
 from assets.operations import etl_service_start_job, etl_service_stop_job, maintenance_job
-from assets.tables import produce, results_csv, timezone_unified
+from assets.tables import results_csv, stream_window
 
-ASSETS = [produce, timezone_unified, results_csv, latency_percentiles, benchmark_report]
-ASSET_CHECKS = [*UNIFIED_CHECKS, p99_within_limit]
+ASSETS = [stream_window, results_csv, latency_percentiles, benchmark_report]
+ASSET_CHECKS = [*UNIFIED_CHECKS, p99_within_limit, etl_service_health]
 JOBS = [
     pipeline_job,
     unified_checks_job,

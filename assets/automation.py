@@ -1,7 +1,15 @@
 """Jobs, sensors and schedules."""
 
+import json
+
 from dagster import (
-    AssetObservation,
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetMaterialization,
     AssetSelection,
     DefaultScheduleStatus,
     DefaultSensorStatus,
@@ -12,6 +20,7 @@ from dagster import (
     SkipReason,
     define_asset_job,
     in_process_executor,
+    multi_asset_check,
     sensor,
 )
 
@@ -19,16 +28,26 @@ from assets.common import table_rows
 from assets.latency import LATENCY_ASSET
 from assets.operations import maintenance_job
 from deltabus.errors import DeltabusError
+from deltabus.etl.positions import recorded_finished_runs
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE
 from deltabus.service import lag, other_live_etl
 from resources.etl import REPO_ROOT, EtlServiceResource
 from resources.lake import LakeResource
 
+SERVICE_ALIVE_CHECK = "etl_service_alive"
+LAG_CHECK = "etl_lag_within_limit"
+# Runs of pipeline_job and the checks job do not judge the service (it may not be in use).
+SERVICE_CHECKS = AssetSelection.checks(
+    *(AssetCheckKey(AssetKey(UNIFIED_TABLE), n) for n in (SERVICE_ALIVE_CHECK, LAG_CHECK))
+)
+
 pipeline_job = define_asset_job(
     "pipeline_job",
-    selection=AssetSelection.assets(*INPUT_TABLES, UNIFIED_TABLE, "results_csv", LATENCY_ASSET),
-    description="The whole flow once: produce both inputs, bounded ETL, CSV export, "
-    "latency percentiles, and every check on them.",
+    selection=AssetSelection.assets(*INPUT_TABLES, UNIFIED_TABLE, "results_csv", LATENCY_ASSET)
+    - SERVICE_CHECKS,
+    description="One stream window: the Pathway ETL tails both inputs while the producer "
+    "writes them (streaming; `mode: batch` runs the ETL after the producer), then the CSV "
+    "export, the latency percentiles and every check on them.",
     # One process for every step: on a 2-core machine a process per step (Dagster's
     # default) spends more time importing than working, and the steps are sequential.
     executor_def=in_process_executor,
@@ -36,7 +55,7 @@ pipeline_job = define_asset_job(
 
 unified_checks_job = define_asset_job(
     "unified_checks_job",
-    selection=AssetSelection.checks_for_assets(UNIFIED_TABLE)
+    selection=(AssetSelection.checks_for_assets(UNIFIED_TABLE) - SERVICE_CHECKS)
     | AssetSelection.assets(LATENCY_ASSET),
     description="The checks of timezone_unified and the latency percentiles (with their check), "
     "without producing or running the ETL: what the unified_commits_sensor runs.",
@@ -52,57 +71,102 @@ benchmark_job = define_asset_job(
 )
 
 
+# Producer runs a sensor cursor remembers (the newest): older ones are long done.
+REMEMBERED_RUNS = 500
+
+
 @sensor(
     job=unified_checks_job,
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.STOPPED,
-    description="Watches timezone_unified's Delta version; on new commits records an "
-    "observation (version, rows) and runs the checks and latency percentiles.",
+    description="Runs the checks of timezone_unified and the latency percentiles once per "
+    "producer run, when the ETL has written that run's last message (its finish marker "
+    "reached timezone_unified); run key = the producer run id.",
 )
 def unified_commits_sensor(context: SensorEvaluationContext, lake: LakeResource):
     lk = lake.lake()
     if not lk.exists(UNIFIED_TABLE):
         return SkipReason(f"no table at {lk.uri(UNIFIED_TABLE)} yet")
-    dt = lk.open(UNIFIED_TABLE)
-    version = dt.version()
-    last = int(context.cursor) if context.cursor else None
-    if last == version:
-        return SkipReason(f"no new commit since version {version}")
-    rows = table_rows(dt)
+    finished = recorded_finished_runs(lk.open(UNIFIED_TABLE))
+    complete = set.intersection(*(finished.get(t, set()) for t in INPUT_TABLES))
+    done = json.loads(context.cursor) if context.cursor else []
+    new = sorted(complete - set(done))
+    if not new:
+        return SkipReason(
+            f"no producer run finished since the last request ({len(complete)} finished)"
+        )
     return SensorResult(
         run_requests=[
             RunRequest(
-                run_key=f"{lk.root}@{version}",
-                tags={"deltabus/unified_version": str(version)},
+                run_key=f"{lk.root}:{run}",
+                run_config={"ops": {LATENCY_ASSET: {"config": {"producer_run": run}}}},
+                tags={"deltabus/producer_run": run},
             )
+            for run in new
         ],
-        asset_events=[
-            AssetObservation(
-                asset_key=UNIFIED_TABLE,
-                metadata={
-                    "delta_version": version,
-                    "rows": rows,
-                    "previous_version": -1 if last is None else last,
-                },
-            )
-        ],
-        cursor=str(version),
+        cursor=json.dumps((done + new)[-REMEMBERED_RUNS:]),
     )
+
+
+@multi_asset_check(
+    specs=[
+        AssetCheckSpec(
+            SERVICE_ALIVE_CHECK,
+            asset=UNIFIED_TABLE,
+            description="The continuous ETL service is running (when it is enabled).",
+        ),
+        AssetCheckSpec(
+            LAG_CHECK,
+            asset=UNIFIED_TABLE,
+            description="timezone_unified is at most EtlServiceResource.lag_limit_s behind "
+            "the inputs' oldest unprocessed commit.",
+        ),
+    ],
+    description="Health of the continuous ETL service; the etl_service_sensor reports the same "
+    "two checks without a run whenever their outcome or the table changes.",
+)
+def etl_service_health(lake: LakeResource, etl_service: EtlServiceResource):
+    status = etl_service.service().status()
+    yield from _health_checks(status.alive, status.enabled, lag(lake.lake()), etl_service)
+
+
+def _health_checks(
+    alive: bool, enabled: bool, lagging: dict | None, etl_service: EtlServiceResource
+) -> list[AssetCheckResult]:
+    max_lag = float(lagging["max_lag_s"]) if lagging else None
+    return [
+        AssetCheckResult(
+            asset_key=UNIFIED_TABLE,
+            check_name=SERVICE_ALIVE_CHECK,
+            passed=alive or not enabled,
+            severity=AssetCheckSeverity.WARN,
+            description="running" if alive else ("stopped" if enabled else "not enabled"),
+            metadata={"alive": alive, "enabled": enabled},
+        ),
+        AssetCheckResult(
+            asset_key=UNIFIED_TABLE,
+            check_name=LAG_CHECK,
+            passed=max_lag is not None and max_lag <= etl_service.lag_limit_s,
+            severity=AssetCheckSeverity.WARN,
+            description=f"lag {max_lag} s (limit {etl_service.lag_limit_s:g} s)",
+            metadata={"max_lag_s": max_lag if max_lag is not None else -1.0},
+        ),
+    ]
 
 
 @sensor(
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.STOPPED,
-    description="Watches the continuous ETL service: reports how far timezone_unified is "
-    "behind the inputs, and relaunches the service when it died after etl_service_start_job "
-    "started it (not after etl_service_stop_job).",
+    description="Watches the continuous ETL service: records its new commits to "
+    "timezone_unified as materializations (runless), reports its health checks when they "
+    "change, and relaunches the service when it died after etl_service_start_job started "
+    "it (not after etl_service_stop_job).",
 )
 def etl_service_sensor(
     context: SensorEvaluationContext, lake: LakeResource, etl_service: EtlServiceResource
 ):
     service = etl_service.service()
     status = service.status()
-    events = []
     lk = lake.lake()
     try:
         lagging = lag(lk)
@@ -126,24 +190,45 @@ def etl_service_sensor(
             )
             status = service.restart(env=lake.subprocess_env(), cwd=REPO_ROOT)
             restarted = True
-    if lagging is not None and lagging["unified_version"] is not None:
+    before = json.loads(context.cursor) if context.cursor else {}
+    events: list = []
+    version = lagging["unified_version"] if lagging else None
+    if version is not None and version != before.get("version"):
+        dt = lk.open(UNIFIED_TABLE)
         metadata = {
+            "mode": "service",
+            "delta_version": int(version),
+            "dagster/row_count": table_rows(dt),
+            "max_lag_s": float(lagging["max_lag_s"]),
+            "data_commits_behind": int(lagging["data_commits_behind"]),
             "service_alive": status.alive,
-            "service_enabled": status.enabled,
             "service_restarted": restarted,
             "service_restarts": status.restarts,
             "held_by_other_etl": fenced_by or "",
-            "max_lag_s": float(lagging["max_lag_s"]),
-            "data_commits_behind": int(lagging["data_commits_behind"]),
-            "delta_version": int(lagging["unified_version"]),
         }
         for table, t in lagging["tables"].items():
+            metadata[f"{table}_position"] = int(t["processed_version"])
             metadata[f"{table}_versions_behind"] = int(t["versions_behind"])
-        events.append(AssetObservation(asset_key=UNIFIED_TABLE, metadata=metadata))
+        events.append(AssetMaterialization(asset_key=UNIFIED_TABLE, metadata=metadata))
+    checks = _health_checks(status.alive, status.enabled, lagging, etl_service)
+    outcome = [c.passed for c in checks]
+    if events or outcome != before.get("checks"):
+        events += [
+            AssetCheckEvaluation(
+                asset_key=c.asset_key,
+                check_name=c.check_name,
+                passed=c.passed,
+                severity=c.severity,
+                description=c.description,
+                metadata=c.metadata,
+            )
+            for c in checks
+        ]
     summary = (
         f"service {'alive' if status.alive else 'not running'}"
         f"{' (relaunched)' if restarted else ''}"
         f"{'' if status.enabled else ', not enabled'}"
+        + (f", held by {fenced_by}" if fenced_by else "")
         + (
             f"; lag {lagging['max_lag_s']}s, {lagging['data_commits_behind']} commits behind"
             if lagging
@@ -153,7 +238,11 @@ def etl_service_sensor(
     context.log.info(summary)
     if not events:
         return SkipReason(summary)
-    return SensorResult(asset_events=events, skip_reason=SkipReason(summary))
+    return SensorResult(
+        asset_events=events,
+        cursor=json.dumps({"version": version, "checks": outcome}),
+        skip_reason=SkipReason(summary),
+    )
 
 
 nightly_benchmark_schedule = ScheduleDefinition(

@@ -3,11 +3,24 @@
 from typing import Any
 
 import pyarrow as pa
+from dagster import TableColumn, TableSchema
 from deltalake import DeltaTable
 
 # One group for the flow, so the UI shows its whole lineage expanded on one page.
 PIPELINE_GROUP = "pipeline"
 BENCHMARK_GROUP = "benchmark"
+# Who answers for the assets (the UI's owner filter).
+OWNERS = ["team:data-platform"]
+
+
+def column_schema(schema: pa.Schema, descriptions: dict[str, str] | None = None) -> TableSchema:
+    """A table contract (deltabus.tables) as Dagster's `dagster/column_schema`."""
+    return TableSchema(
+        columns=[
+            TableColumn(f.name, str(f.type), description=(descriptions or {}).get(f.name))
+            for f in schema
+        ]
+    )
 
 
 def table_rows(dt: DeltaTable) -> int:

@@ -44,15 +44,21 @@ def report(job: str, instance: DagsterInstance) -> int:
     if produced:
         print(f"  messages produced   {sum(produced)}")
     if unified and "rows" in unified:
-        print(f"  unified rows        {_value(unified['rows'])} (this run's ETL)")
+        mode = _value(unified.get("mode", "batch"))
+        print(f"  mode                {mode}")
+        print(f"  unified rows        {_value(unified['rows'])} written by this run's ETL")
+        if "table_rows" in unified:
+            print(f"  unified table       {_value(unified['table_rows'])} rows in all")
         print(f"  rejected rows       {_value(unified.get('rejected_rows', 0))}")
     if elapsed is not None:
         print(f"  elapsed             {elapsed:.1f} s (whole run)")
     latency = materializations.get("latency_percentiles")
     if latency:
-        print("\n" + str(_value(latency["percentiles"])))
-        if "plot_path" in latency:
-            print(f"\nlatency-over-time plot: {_value(latency['plot_path'])}")
+        text = latency.get("percentiles_md") or latency.get("percentiles")
+        print("\n" + str(_value(text)))
+        plot = latency.get("latency_over_time") or latency.get("plot_path")
+        if plot is not None:
+            print(f"\nlatency-over-time plot: {_value(plot)}")
     if "results_csv" in materializations:
         csv = materializations["results_csv"]
         print(f"results CSV: {_value(csv['path'])} ({_value(csv['rows'])} rows)")

@@ -218,7 +218,8 @@ def etl(
             "commits": report.commits,
             "elapsed_s": report.elapsed_s,
             "throughput_rows_s": report.throughput_rows_s,
-        }
+        },
+        asset_key="timezone_unified",
     )
 
 

@@ -8,7 +8,7 @@ Dagster run, the CLI and the ETL subprocess always agree on where the tables are
 from __future__ import annotations
 
 from resources.duck import delta_views, duckdb_resource
-from resources.etl import EtlServiceResource, etl_command, pipes_subprocess_client
+from resources.etl import EtlServiceResource, etl_command
 from resources.lake import LakeResource
 from resources.s3 import ensure_bucket, list_table_objects, minio_s3_resource
 
@@ -19,7 +19,6 @@ def default_resources() -> dict[str, object]:
         "lake": LakeResource(),
         "s3": minio_s3_resource(),
         "duck": duckdb_resource(),
-        "pipes_subprocess_client": pipes_subprocess_client(),
         "etl_service": EtlServiceResource(),
     }
 
@@ -34,5 +33,4 @@ __all__ = [
     "etl_command",
     "list_table_objects",
     "minio_s3_resource",
-    "pipes_subprocess_client",
 ]

@@ -1,10 +1,10 @@
-"""The ETL process: bounded runs through Dagster Pipes, the continuous one as a service."""
+"""The continuous ETL service as a Dagster resource (bounded runs: assets.tables)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dagster import ConfigurableResource, PipesSubprocessClient
+from dagster import ConfigurableResource
 from pydantic import Field
 
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
@@ -15,12 +15,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Raised by Dagster's own Pipes session code on every run, not by anything called here.
 PIPES_INTERNAL_WARNING = r".*PipesMessageReader\.expected_writer_count.*"
-
-
-def pipes_subprocess_client() -> PipesSubprocessClient:
-    """Runs the ETL as its own process; its stderr log lines go to the run's compute logs
-    and the metadata it reports (`deltabus.pipes.report_to_dagster`) to the materialization."""
-    return PipesSubprocessClient(cwd=str(REPO_ROOT), forward_stdio=True)
 
 
 class EtlServiceResource(ConfigurableResource):
@@ -36,6 +30,11 @@ class EtlServiceResource(ConfigurableResource):
     )
     poll_interval_ms: float = Field(
         default=DEFAULT_POLL_INTERVAL_MS, description="Input polling interval (ms)."
+    )
+    lag_limit_s: float = Field(
+        default=30.0,
+        description="The etl_lag_within_limit check fails when timezone_unified is further "
+        "behind the inputs than this (seconds).",
     )
 
     def service(self) -> EtlService:

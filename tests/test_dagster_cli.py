@@ -42,7 +42,7 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
         yaml.safe_dump(
             {
                 "ops": {
-                    "produce": {"config": {"rate": 1000, "duration_s": 2}},
+                    "stream_window": {"config": {"rate": 1000, "duration_s": 2}},
                     "results_csv": {"config": {"path": str(csv)}},
                     "latency_percentiles": {
                         "config": {"warmup_s": 0.5, "plot_dir": str(tmp_path / "plots")}

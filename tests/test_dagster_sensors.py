@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from dagster import (
+    AssetMaterialization,
     DagsterInstance,
     SensorResult,
     SkipReason,
@@ -75,7 +76,25 @@ def resources() -> dict:
     return default_resources()
 
 
-def test_unified_commits_sensor_follows_the_delta_version(env):
+def finished_commit(lake: Lake, messages: list[str], finished: dict[str, list[str]]) -> None:
+    """A unified commit carrying the finished producer runs, as the ETL's sink records them."""
+    dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
+    rows = pa.table(
+        {
+            "timestamp": [1.0e12] * len(messages),
+            "message": messages,
+            "time": [1] * len(messages),
+            "diff": [1] * len(messages),
+        },
+        schema=UNIFIED_SCHEMA,
+    )
+    info = metadata(**{"etl.positions": {}, "etl.seq": 0, "etl.finished_runs": finished})
+    write_deltalake(
+        dt, rows, mode="append", commit_properties=CommitProperties(custom_metadata=info)
+    )
+
+
+def test_unified_commits_sensor_requests_once_per_finished_producer_run(env):
     from assets.automation import unified_checks_job, unified_commits_sensor
 
     lake: Lake = env["lake"]
@@ -83,28 +102,29 @@ def test_unified_commits_sensor_follows_the_delta_version(env):
     first = unified_commits_sensor(build_sensor_context(resources=resources()))
     assert isinstance(first, SkipReason) and "no table" in first.skip_message
 
-    unified_commit(lake, ["a-0", "a-1", "a-2"], {"timezone1": 0})
-    version = lake.open(UNIFIED_TABLE).version()
+    # Run a's last message reached one table only: not finished yet.
+    finished_commit(lake, ["a-0", "a-1"], {"timezone1": ["a"], "timezone2": []})
+    waiting = unified_commits_sensor(build_sensor_context(resources=resources()))
+    assert isinstance(waiting, SkipReason)
+
+    finished_commit(lake, ["a-2"], {"timezone1": ["a"], "timezone2": ["a"]})
     result = unified_commits_sensor(build_sensor_context(resources=resources()))
     assert isinstance(result, SensorResult)
-    assert result.cursor == str(version)
-    assert [r.run_key for r in result.run_requests] == [f"{lake.root}@{version}"]
-    (obs,) = result.asset_events
-    assert obs.asset_key.to_user_string() == UNIFIED_TABLE
-    assert obs.metadata["delta_version"].value == version
-    assert obs.metadata["rows"].value == 3
+    (request,) = result.run_requests
+    assert request.run_key == f"{lake.root}:a" and request.tags["deltabus/producer_run"] == "a"
+    assert request.run_config["ops"]["latency_percentiles"]["config"]["producer_run"] == "a"
 
-    same = unified_commits_sensor(build_sensor_context(cursor=result.cursor, resources=resources()))
-    assert isinstance(same, SkipReason) and f"since version {version}" in same.skip_message
+    # More commits of the same finished run, and of a run still going: no new request.
+    finished_commit(lake, ["b-0"], {"timezone1": ["a", "b"], "timezone2": ["a"]})
+    finished_commit(lake, ["b-1"], {"timezone1": ["a", "b"], "timezone2": ["a"]})
+    later = build_sensor_context(cursor=result.cursor, resources=resources())
+    again = unified_commits_sensor(later)
+    assert isinstance(again, SkipReason)
 
-    unified_commit(lake, ["a-3"], {"timezone1": 1})
-    newer = unified_commits_sensor(
-        build_sensor_context(cursor=result.cursor, resources=resources())
-    )
+    finished_commit(lake, ["b-2"], {"timezone1": ["a", "b"], "timezone2": ["a", "b"]})
+    newer = unified_commits_sensor(later)
     assert isinstance(newer, SensorResult)
-    assert newer.cursor == str(version + 1)
-    assert newer.asset_events[0].metadata["rows"].value == 4
-    assert newer.asset_events[0].metadata["previous_version"].value == version
+    assert [r.run_key for r in newer.run_requests] == [f"{lake.root}:b"]
 
 
 def test_lag_counts_data_commits_after_the_recorded_positions(env):
@@ -153,7 +173,10 @@ def test_service_is_started_watched_relaunched_and_stopped(env):
     def sensor_events() -> dict:
         result = etl_service_sensor(build_sensor_context(resources=resources()))
         assert isinstance(result, SensorResult), result
-        return {k: v.value for k, v in result.asset_events[0].metadata.items()}
+        (mat,) = [e for e in result.asset_events if isinstance(e, AssetMaterialization)]
+        checks = {e.check_name: e.passed for e in result.asset_events if e not in (mat,)}
+        assert set(checks) == {"etl_service_alive", "etl_lag_within_limit"}
+        return {**{k: v.value for k, v in mat.metadata.items()}, "_checks": checks, "_r": result}
 
     produce(lake, 1000, "svc1")
     try:
@@ -164,10 +187,14 @@ def test_service_is_started_watched_relaunched_and_stopped(env):
         assert str(lake.settings.secret_key.get_secret_value()) not in " ".join(status.command)
         wait_until(lambda: caught_up(lake, 1000), 60, "the service to process 1000 rows")
         wait_until(lambda: lag(lake)["data_commits_behind"] == 0, 30, "positions to catch up")
-        from assets.tables import timezone_unified
+        from assets.tables import stream_window
 
         clash = materialize(
-            [timezone_unified], resources=resources(), instance=instance, raise_on_error=False
+            [stream_window],
+            selection=[UNIFIED_TABLE],
+            resources=resources(),
+            instance=instance,
+            raise_on_error=False,
         )
         assert not clash.success  # a bounded ETL next to the running service is refused
         (failure,) = [e for e in clash.all_events if e.event_type_value == "STEP_FAILURE"]
@@ -176,6 +203,13 @@ def test_service_is_started_watched_relaunched_and_stopped(env):
         seen = sensor_events()
         assert seen["service_alive"] and not seen["service_restarted"]
         assert seen["data_commits_behind"] == 0 and seen["max_lag_s"] == 0.0
+        assert seen["dagster/row_count"] == 1000 and seen["mode"] == "service"
+        assert seen["_checks"] == {"etl_service_alive": True, "etl_lag_within_limit": True}
+        # Nothing changed since: no event at all (the table stays as it was in the UI).
+        quiet = etl_service_sensor(
+            build_sensor_context(cursor=seen["_r"].cursor, resources=resources())
+        )
+        assert isinstance(quiet, SkipReason)
 
         os.kill(status.pid, signal.SIGKILL)  # the service dies
         wait_until(lambda: not process_alive(status.pid), 10, "the killed service to be gone")
