@@ -18,8 +18,15 @@ _LINE = re.compile(
 _EVENTS = {"STEP_START": "started", "STEP_SUCCESS": "done", "STEP_FAILURE": "FAILED"}
 
 
+# Step events carry the process id before the step: "... - <pid> - <step> - STEP_START - ..."
+_EVENT = re.compile(r" - (?P<step>[^ ]+) - (?P<event>STEP_START|STEP_SUCCESS|STEP_FAILURE) - ")
+
+
 def short(line: str) -> str | None:
     """The progress line for one log line, or None when it is not worth showing."""
+    event = _EVENT.search(line)
+    if event and " - dagster - " in line:
+        return f"{event['step']}: {_EVENTS[event['event']]}"
     m = _LINE.match(line.rstrip())
     if not m:
         return None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from assets.progress import short
 from deltabus.lake import Lake
 from tests.conftest import lake_env
 from tests.helpers import assert_exactly_once
@@ -58,6 +59,11 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
     )
     assert job.returncode == 0, job.stderr[-4000:]
     assert 'Finished execution of run for "pipeline_job"' in job.stderr
+    # What `make demo` shows while the job runs: short progress lines from this log.
+    progress = [line for line in map(short, job.stderr.splitlines()) if line]
+    shown = "\n".join(progress) or job.stderr[:3000]
+    assert "stream_window: started" in progress and "stream_window: done" in progress, shown
+    assert any(line.startswith("stream_window: produced ") for line in progress), shown
     assert "did not pass" not in job.stderr
     assert_exactly_once(minio_lake, expected=2000)
     assert csv.read_text().count("\n") == 2001
