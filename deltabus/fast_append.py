@@ -29,6 +29,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import obstore
@@ -257,33 +258,21 @@ class TableAppender:
         `tables.append_once`, whose contract this keeps). Returns False when the commit
         had already landed. A table that needs more than a plain append, or that another
         writer changed so, is appended by delta-rs."""
+        request = _Append(data, app_id, seq, custom_metadata, what, markers, checkpointer, fence)
         if self.fast:
             try:
-                return self._fast_append_once(
-                    data, app_id, seq, custom_metadata, what, markers, checkpointer, fence
-                )
+                return self._fast_append_once(request)
             except _NotEligible:
                 log.info("%s is appended by delta-rs from now on: %s", self.table, self.reason)
-        return self._delta_rs_append_once(
-            data, app_id, seq, custom_metadata, what, markers, checkpointer, fence
-        )
+        return self._delta_rs_append_once(request)
 
-    def _delta_rs_append_once(
-        self,
-        data: pa.Table,
-        app_id: str,
-        seq: int,
-        custom_metadata: dict[str, str],
-        what: str,
-        markers: dict[str, int] | None,
-        checkpointer: BackgroundCheckpointer | None,
-        fence: Callable[[Any], None] | None,
-    ) -> bool:
+    def _delta_rs_append_once(self, r: _Append) -> bool:
         if self.dt.version() < self._version:
             retry_storage(self.dt.update_incremental, what=f"load {self.table}")
-        if checkpointer:
+        fence = r.fence
+        if r.checkpointer:
             previous = self.dt
-            self.dt = checkpointer.refreshed(self.dt)
+            self.dt = r.checkpointer.refreshed(self.dt)
             if fence is not None and self.dt is not previous:
                 # The fresh handle may include a newer claim (reading it may touch
                 # storage, so an outage is waited out like any storage call).
@@ -291,30 +280,20 @@ class TableAppender:
                 retry_storage(lambda: fence(dt), what=f"check the writer of {self.table}")
         landed = delta_rs_append_once(
             self.dt,
-            data,
-            app_id=app_id,
-            seq=seq,
-            custom_metadata=custom_metadata,
-            what=what,
-            markers=markers,
-            checkpointer=checkpointer,
+            r.data,
+            app_id=r.app_id,
+            seq=r.seq,
+            custom_metadata=r.custom_metadata,
+            what=r.what,
+            markers=r.markers,
+            checkpointer=r.checkpointer,
             fence=fence,
         )
         self._version, self._txns = self.dt.version(), {}
         return landed
 
-    def _fast_append_once(
-        self,
-        data: pa.Table,
-        app_id: str,
-        seq: int,
-        custom_metadata: dict[str, str],
-        what: str,
-        markers: dict[str, int] | None,
-        checkpointer: BackgroundCheckpointer | None,
-        fence: Callable[[Any], None] | None,
-    ) -> bool:
-        transactions = {app_id: seq, **(markers or {})}
+    def _fast_append_once(self, r: _Append) -> bool:
+        transactions = {r.app_id: r.seq, **(r.markers or {})}
         attempts = 0
         add: dict[str, Any] | None = None
 
@@ -323,16 +302,16 @@ class TableAppender:
             attempts += 1
             if attempts > 1:
                 self.refresh()
-                if fence is not None:
-                    fence(self)
-                done = self.transaction_version(app_id)
-                if done is not None and done >= seq:
+                if r.fence is not None:
+                    r.fence(self)
+                done = self.transaction_version(r.app_id)
+                if done is not None and done >= r.seq:
                     return False
                 if not self.fast:
                     raise _NotEligible(self.reason)
             if add is None:  # the data file is written once, whatever the retries
-                add = self._put_data(data)
-            body = self._commit_body(add, transactions, custom_metadata)
+                add = self._put_data(r.data)
+            body = self._commit_body(add, transactions, r.custom_metadata)
             try:
                 obstore.put(self.store, self._log_path(self._version + 1), body, mode="create")
             except (AlreadyExistsError, PreconditionError) as exc:
@@ -340,13 +319,27 @@ class TableAppender:
             self._version += 1
             for app, v in transactions.items():
                 self._txns[app] = v
-            if checkpointer:
-                checkpointer.committed(self._version)
+            if r.checkpointer:
+                r.checkpointer.committed(self._version)
             return True
 
         return retry_storage(
-            attempt, what=what, also_retry=lambda e: isinstance(e, VersionTakenError)
+            attempt, what=r.what, also_retry=lambda e: isinstance(e, VersionTakenError)
         )
+
+
+@dataclass(frozen=True)
+class _Append:
+    """One `append_once` call, handed to whichever path commits it."""
+
+    data: pa.Table
+    app_id: str
+    seq: int
+    custom_metadata: dict[str, str]
+    what: str
+    markers: dict[str, int] | None
+    checkpointer: BackgroundCheckpointer | None
+    fence: Callable[[Any], None] | None
 
 
 class _NotEligible(Exception):

@@ -43,8 +43,14 @@ def produce(lake: Lake, count: int, run_id: str, rate: float = 5000) -> None:
     assert report.messages == count
 
 
-def unified_commit(lake: Lake, messages: list[str], positions: dict[str, int]) -> None:
-    """A commit shaped like the ETL's: rows plus the input positions it covers."""
+def unified_commit(
+    lake: Lake,
+    messages: list[str],
+    positions: dict[str, int],
+    finished: dict[str, list[str]] | None = None,
+) -> None:
+    """A commit shaped like the ETL's: rows plus the input positions it covers, and the
+    producer runs it saw finish per input (`finished`), as the ETL's sink records them."""
     dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
     rows = pa.table(
         {
@@ -60,7 +66,10 @@ def unified_commit(lake: Lake, messages: list[str], positions: dict[str, int]) -
         rows,
         mode="append",
         commit_properties=CommitProperties(
-            custom_metadata=metadata(**{"etl.positions": positions, "etl.seq": 0}),
+            custom_metadata=metadata(
+                **{"etl.positions": positions, "etl.seq": 0},
+                **({"etl.finished_runs": finished} if finished is not None else {}),
+            ),
             # As the ETL's sink commits: the positions are app transactions.
             app_transactions=[
                 Transaction(ETL_APP_ID, 0),
@@ -76,24 +85,6 @@ def resources() -> dict:
     return default_resources()
 
 
-def finished_commit(lake: Lake, messages: list[str], finished: dict[str, list[str]]) -> None:
-    """A unified commit carrying the finished producer runs, as the ETL's sink records them."""
-    dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
-    rows = pa.table(
-        {
-            "timestamp": [1.0e12] * len(messages),
-            "message": messages,
-            "time": [1] * len(messages),
-            "diff": [1] * len(messages),
-        },
-        schema=UNIFIED_SCHEMA,
-    )
-    info = metadata(**{"etl.positions": {}, "etl.seq": 0, "etl.finished_runs": finished})
-    write_deltalake(
-        dt, rows, mode="append", commit_properties=CommitProperties(custom_metadata=info)
-    )
-
-
 def test_unified_commits_sensor_requests_once_per_finished_producer_run(env):
     from assets.automation import unified_checks_job, unified_commits_sensor
 
@@ -103,11 +94,11 @@ def test_unified_commits_sensor_requests_once_per_finished_producer_run(env):
     assert isinstance(first, SkipReason) and "no table" in first.skip_message
 
     # Run a's last message reached one table only: not finished yet.
-    finished_commit(lake, ["a-0", "a-1"], {"timezone1": ["a"], "timezone2": []})
+    unified_commit(lake, ["a-0", "a-1"], {}, {"timezone1": ["a"], "timezone2": []})
     waiting = unified_commits_sensor(build_sensor_context(resources=resources()))
     assert isinstance(waiting, SkipReason)
 
-    finished_commit(lake, ["a-2"], {"timezone1": ["a"], "timezone2": ["a"]})
+    unified_commit(lake, ["a-2"], {}, {"timezone1": ["a"], "timezone2": ["a"]})
     result = unified_commits_sensor(build_sensor_context(resources=resources()))
     assert isinstance(result, SensorResult)
     (request,) = result.run_requests
@@ -115,13 +106,13 @@ def test_unified_commits_sensor_requests_once_per_finished_producer_run(env):
     assert request.run_config["ops"]["latency_percentiles"]["config"]["producer_run"] == "a"
 
     # More commits of the same finished run, and of a run still going: no new request.
-    finished_commit(lake, ["b-0"], {"timezone1": ["a", "b"], "timezone2": ["a"]})
-    finished_commit(lake, ["b-1"], {"timezone1": ["a", "b"], "timezone2": ["a"]})
+    unified_commit(lake, ["b-0"], {}, {"timezone1": ["a", "b"], "timezone2": ["a"]})
+    unified_commit(lake, ["b-1"], {}, {"timezone1": ["a", "b"], "timezone2": ["a"]})
     later = build_sensor_context(cursor=result.cursor, resources=resources())
     again = unified_commits_sensor(later)
     assert isinstance(again, SkipReason)
 
-    finished_commit(lake, ["b-2"], {"timezone1": ["a", "b"], "timezone2": ["a", "b"]})
+    unified_commit(lake, ["b-2"], {}, {"timezone1": ["a", "b"], "timezone2": ["a", "b"]})
     newer = unified_commits_sensor(later)
     assert isinstance(newer, SensorResult)
     assert [r.run_key for r in newer.run_requests] == [f"{lake.root}:b"]
