@@ -7,7 +7,7 @@ from assets.automation import (
     hourly_maintenance_schedule,
     nightly_benchmark_schedule,
     pipeline_job,
-    unified_checks_job,
+    producer_run_job,
     unified_commits_sensor,
 )
 from assets.benchmark import benchmark_report
@@ -20,7 +20,7 @@ ASSETS = [stream_window, results_csv, latency_percentiles, benchmark_report]
 ASSET_CHECKS = [*UNIFIED_CHECKS, p99_within_limit, etl_service_health]
 JOBS = [
     pipeline_job,
-    unified_checks_job,
+    producer_run_job,
     benchmark_job,
     maintenance_job,
     etl_service_start_job,

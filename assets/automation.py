@@ -24,7 +24,7 @@ from dagster import (
     sensor,
 )
 
-from assets.common import table_rows
+from assets.common import PRODUCER_RUNS, table_rows
 from assets.latency import LATENCY_ASSET
 from assets.operations import maintenance_job
 from deltabus.errors import DeltabusError
@@ -43,22 +43,24 @@ SERVICE_CHECKS = AssetSelection.checks(
 
 pipeline_job = define_asset_job(
     "pipeline_job",
-    selection=AssetSelection.assets(*INPUT_TABLES, UNIFIED_TABLE, "results_csv", LATENCY_ASSET)
-    - SERVICE_CHECKS,
+    selection=AssetSelection.assets(*INPUT_TABLES, UNIFIED_TABLE, "results_csv") - SERVICE_CHECKS,
     description="One stream window: the Pathway ETL tails both inputs while the producer "
-    "writes them (streaming; `mode: batch` runs the ETL after the producer), then the CSV "
-    "export, the latency percentiles and every check on them.",
+    "writes them (streaming; `mode: batch` runs the ETL after the producer), every check on "
+    "timezone_unified (loss, duplicates and schema block the CSV export), then the CSV. The "
+    "producer run's latency is the producer_runs partition of latency_percentiles "
+    "(producer_run_job; `make demo` runs it next, the unified_commits_sensor otherwise).",
     # One process for every step: on a 2-core machine a process per step (Dagster's
     # default) spends more time importing than working, and the steps are sequential.
     executor_def=in_process_executor,
 )
 
-unified_checks_job = define_asset_job(
-    "unified_checks_job",
+producer_run_job = define_asset_job(
+    "producer_run_job",
     selection=(AssetSelection.checks_for_assets(UNIFIED_TABLE) - SERVICE_CHECKS)
     | AssetSelection.assets(LATENCY_ASSET),
-    description="The checks of timezone_unified and the latency percentiles (with their check), "
-    "without producing or running the ETL: what the unified_commits_sensor runs.",
+    description="Once per producer run (partition = its run id): the checks of "
+    "timezone_unified and that run's latency percentiles with their check. Requested by the "
+    "unified_commits_sensor when the run's finish marker reaches timezone_unified.",
     executor_def=in_process_executor,
 )
 
@@ -76,12 +78,13 @@ REMEMBERED_RUNS = 500
 
 
 @sensor(
-    job=unified_checks_job,
+    job=producer_run_job,
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.STOPPED,
-    description="Runs the checks of timezone_unified and the latency percentiles once per "
-    "producer run, when the ETL has written that run's last message (its finish marker "
-    "reached timezone_unified); run key = the producer run id.",
+    description="Once per producer run, when the ETL has written that run's last message "
+    "(its finish marker reached timezone_unified): adds the run to the producer_runs "
+    "partitions and requests producer_run_job for it (run key = lake root + run id). Runs "
+    "whose latency partition is already materialized (make demo) are not requested again.",
 )
 def unified_commits_sensor(context: SensorEvaluationContext, lake: LakeResource):
     lk = lake.lake()
@@ -95,15 +98,20 @@ def unified_commits_sensor(context: SensorEvaluationContext, lake: LakeResource)
         return SkipReason(
             f"no producer run finished since the last request ({len(complete)} finished)"
         )
+    measured = context.instance.get_materialized_partitions(AssetKey(LATENCY_ASSET))
+    known = set(context.instance.get_dynamic_partitions(PRODUCER_RUNS.name or ""))
+    unknown = [run for run in new if run not in known]
     return SensorResult(
         run_requests=[
             RunRequest(
                 run_key=f"{lk.root}:{run}",
-                run_config={"ops": {LATENCY_ASSET: {"config": {"producer_run": run}}}},
+                partition_key=run,
                 tags={"deltabus/producer_run": run},
             )
             for run in new
+            if run not in measured
         ],
+        dynamic_partitions_requests=[PRODUCER_RUNS.build_add_request(unknown)] if unknown else [],
         cursor=json.dumps((done + new)[-REMEMBERED_RUNS:]),
     )
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 import pyarrow as pa
-from dagster import TableColumn, TableSchema
+from dagster import DynamicPartitionsDefinition, TableColumn, TableSchema
 from deltalake import DeltaTable
 
 # One group for the flow, so the UI shows its whole lineage expanded on one page.
@@ -11,6 +11,8 @@ PIPELINE_GROUP = "pipeline"
 BENCHMARK_GROUP = "benchmark"
 # Who answers for the assets (the UI's owner filter).
 OWNERS = ["team:data-platform"]
+# One partition per producer run (its run id): latency and checks are computed once per run.
+PRODUCER_RUNS = DynamicPartitionsDefinition(name="producer_runs")
 
 
 def column_schema(schema: pa.Schema, descriptions: dict[str, str] | None = None) -> TableSchema:
@@ -43,6 +45,8 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None)
 
 
 def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value).replace("|", "\\|")

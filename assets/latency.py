@@ -22,34 +22,33 @@ from dagster import (
 from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
-from assets.common import OWNERS, PIPELINE_GROUP, markdown_table
+from assets.common import OWNERS, PIPELINE_GROUP, PRODUCER_RUNS, markdown_table
 from deltabus.bench.plots import latency_over_time
 from deltabus.lake import UNIFIED_TABLE
-from deltabus.latency import PERCENTILES, over_time, percentiles, unified_samples
+from deltabus.latency import (
+    PERCENTILES,
+    distinct_events,
+    over_time,
+    percentiles,
+    unified_samples,
+)
 from resources.lake import LakeResource
 
 LATENCY_ASSET = "latency_percentiles"
 STAT_NAMES = [*PERCENTILES, "max"]
-# (value column, label) of each row of the percentile table; see docs/dagster.md
+# (value column, label, what makes one distinct event) of each row of the percentile
+# table; see docs/dagster.md. A stage whose rows all share one event (the ETL committed
+# once) has one value, not a distribution: its percentiles are left empty.
 STAGES = [
-    ("latency_ms", "end to end (sent to unified commit)"),
-    ("pickup_ms", "sent to ETL (Pathway time)"),
-    ("commit_ms", "ETL to unified commit"),
+    ("latency_ms", "end to end (sent to unified commit)", "message"),
+    ("pickup_ms", "sent to ETL (Pathway time)", "processed_ms"),
+    ("commit_ms", "ETL to unified commit", "committed_ms"),
 ]
 
 
 class LatencyConfig(Config):
     warmup_s: float = Field(
         default=1.0, description="Ignore messages sent in the first seconds of the producer run."
-    )
-    producer_run: str | None = Field(
-        default=None,
-        description="Only this producer run's messages (what the unified_commits_sensor asks "
-        "for); overrides `scope`.",
-    )
-    scope: str = Field(
-        default="latest_run",
-        description="'latest_run': messages of the newest producer run only; 'all': every row.",
     )
     interval_s: float = Field(default=1.0, description="Bucket width of the over-time plot.")
     plot_dir: str = Field(default="artifacts", description="Where the PNG plot is written.")
@@ -75,42 +74,38 @@ def _seconds_key(name: str) -> str:
     deps=[UNIFIED_TABLE],
     kinds={"duckdb", "python"},
     owners=OWNERS,
-    description="End-to-end latency percentiles (p50 .. p99.9, max; seconds) of the unified "
-    "table's rows after the warm-up, by stage, with a latency-over-time plot.",
+    partitions_def=PRODUCER_RUNS,
+    description="End-to-end latency percentiles (p50 .. p99.9, max; seconds) of one producer "
+    "run's rows (the partition key is the producer run id) after the warm-up, by stage, with "
+    "a latency-over-time plot.",
 )
 def latency_percentiles(
     context: AssetExecutionContext, config: LatencyConfig, lake: LakeResource, duck: DuckDBResource
 ) -> MaterializeResult:
-    if config.scope not in ("latest_run", "all"):
-        raise Failure(f"scope must be 'latest_run' or 'all', got {config.scope!r}")
+    run = context.partition_key
     lk = lake.lake()
     samples = unified_samples(lk)
     with duck.get_connection() as con:
         con.register("unified_samples_arrow", samples)
         con.execute(
-            """CREATE OR REPLACE TEMP VIEW all_samples AS
-               SELECT *, regexp_extract(message, '^(.*)-[0-9]+$', 1) AS producer_run,
-                      processed_ms - sent_ms AS pickup_ms,
+            f"""CREATE OR REPLACE TEMP VIEW samples AS
+               SELECT *, processed_ms - sent_ms AS pickup_ms,
                       committed_ms - processed_ms AS commit_ms
-               FROM unified_samples_arrow"""
+               FROM unified_samples_arrow
+               WHERE regexp_extract(message, '^(.*)-[0-9]+$', 1) = {_sql_str(run)}"""
         )
-        run = config.producer_run
-        if run is None and config.scope == "latest_run":
-            row = con.execute(
-                "SELECT producer_run FROM all_samples ORDER BY sent_ms DESC LIMIT 1"
-            ).fetchone()
-            run = row[0] if row else None
-        where = f"producer_run = {_sql_str(run)}" if run is not None else "TRUE"
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW samples AS SELECT * FROM all_samples WHERE {where}"
-        )
-        stats = {col: percentiles(con, "samples", config.warmup_s, value=col) for col, _ in STAGES}
+        stats = {
+            col: {
+                **percentiles(con, "samples", config.warmup_s, value=col),
+                "events": distinct_events(con, "samples", config.warmup_s, event),
+            }
+            for col, _, event in STAGES
+        }
         curve = over_time(con, "samples", config.interval_s)
     e2e = stats["latency_ms"]
     if not e2e["samples"]:
         raise Failure(
-            f"no latency samples after the first {config.warmup_s:g}s"
-            + (f" of producer run {run}" if run else ""),
+            f"no latency samples after the first {config.warmup_s:g}s of producer run {run}",
             metadata={"fix": "lower warmup_s, or produce for longer"},
         )
     mode = _etl_mode(context)
@@ -119,13 +114,14 @@ def latency_percentiles(
             "mode": mode,
             "stage": label,
             "samples": stats[col]["samples"],
-            **{n: stats[col][n] for n in STAT_NAMES},
+            "events": stats[col]["events"],
+            **{n: _stat(stats[col], n) for n in STAT_NAMES},
         }
-        for col, label in STAGES
+        for col, label, _ in STAGES
     ]
-    scope = f"producer run {run}" if run else "all rows"
+    scope = f"producer run {run}"
     plot_path = latency_over_time(
-        Path(config.plot_dir).resolve() / "latency_over_time.png",
+        Path(config.plot_dir).resolve() / f"latency_over_time-{_file_safe(run)}.png",
         f"{UNIFIED_TABLE} latency over time ({scope})",
         curve,
         config.warmup_s,
@@ -143,7 +139,8 @@ def latency_percentiles(
                             "mode": row["mode"],
                             "stage": row["stage"],
                             "samples": int(row["samples"]),
-                            **{_seconds_key(n): round(float(row[n]), 4) for n in STAT_NAMES},
+                            "events": int(row["events"]),
+                            **{_seconds_key(n): _round(row[n]) for n in STAT_NAMES},
                         }
                     )
                     for row in table
@@ -153,13 +150,20 @@ def latency_percentiles(
                         TableColumn("mode", "string"),
                         TableColumn("stage", "string"),
                         TableColumn("samples", "int"),
+                        TableColumn(
+                            "events",
+                            "int",
+                            description="distinct messages, ETL batches or commits behind "
+                            "the stage's values; with 1 the stage has one value (max_s)",
+                        ),
                         *(TableColumn(_seconds_key(n), "float") for n in STAT_NAMES),
                     ]
                 ),
             ),
             "percentiles_md": MetadataValue.md(
                 f"Latency in seconds after a {config.warmup_s:g} s warm-up ({scope}, "
-                f"{mode}).\n\n" + markdown_table(table, ["mode", "stage", "samples", *STAT_NAMES])
+                f"{mode}).\n\n"
+                + markdown_table(table, ["mode", "stage", "samples", "events", *STAT_NAMES])
             ),
             "latency_over_time": MetadataValue.path(str(plot_path)),
             "scope": scope,
@@ -167,6 +171,21 @@ def latency_percentiles(
             "warmup_s": config.warmup_s,
         }
     )
+
+
+def _stat(stats: dict[str, Any], name: str) -> float | None:
+    """A percentile, or None where the stage had a single event (one value, shown as max)."""
+    if name != "max" and stats["events"] < 2:
+        return None
+    return float(stats[name])
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _file_safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def _sql_str(value: Any) -> str:

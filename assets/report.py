@@ -1,7 +1,8 @@
 """Print what the latest run of a job found: latency table, checks, outputs.
 
-    python -m assets.report                 # latest pipeline_job run in $DAGSTER_HOME
-    python -m assets.report --job unified_checks_job
+    python -m assets.report                 # latest pipeline_job run in $DAGSTER_HOME, and
+                                            # the producer_run_job run of its producer run
+    python -m assets.report --job producer_run_job
 
 Exits 1 when that run failed or an ERROR-severity check did not pass.
 """
@@ -9,12 +10,34 @@ Exits 1 when that run failed or an ERROR-severity check did not pass.
 import argparse
 import os
 import sys
+from typing import Any
 
-from dagster import AssetCheckSeverity, DagsterEventType, DagsterInstance, RunsFilter
+from dagster import AssetCheckSeverity, DagsterEventType, DagsterInstance, DagsterRun, RunsFilter
+
+FOLLOW_UP_JOB = "producer_run_job"
+PARTITION_TAG = "dagster/partition"
 
 
 def _value(entry: object) -> object:
     return getattr(entry, "value", entry)
+
+
+def _materializations(instance: DagsterInstance, run_id: str) -> dict[str, Any]:
+    out = {}
+    for record in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+        mat = record.dagster_event.event_specific_data.materialization  # type: ignore[union-attr]
+        out[mat.asset_key.to_user_string()] = mat.metadata
+    return out
+
+
+def _follow_up(instance: DagsterInstance, producer_run: str | None) -> DagsterRun | None:
+    """The latest producer_run_job run of `producer_run` (its latency partition)."""
+    if producer_run is None:
+        return None
+    runs = instance.get_runs(
+        filters=RunsFilter(job_name=FOLLOW_UP_JOB, tags={PARTITION_TAG: producer_run}), limit=1
+    )
+    return runs[0] if runs else None
 
 
 def report(job: str, instance: DagsterInstance) -> int:
@@ -24,16 +47,24 @@ def report(job: str, instance: DagsterInstance) -> int:
         return 1
     run = runs[0]
     print(f"{job} run {run.run_id}: {run.status.value}")
-    materializations = {}
-    for record in instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
-        mat = record.dagster_event.event_specific_data.materialization  # type: ignore[union-attr]
-        materializations[mat.asset_key.to_user_string()] = mat.metadata
+    materializations = _materializations(instance, run.run_id)
     produced = [
         int(_value(materializations[t]["rows_written"]))  # type: ignore[arg-type]
         for t in ("timezone1", "timezone2")
         if t in materializations
     ]
     unified = materializations.get("timezone_unified")
+    producer_run = _value((unified or {}).get("producer_run"))
+    follow = (
+        _follow_up(instance, producer_run and str(producer_run)) if job != FOLLOW_UP_JOB else None
+    )
+    runs_read = [run, *([follow] if follow else [])]
+    if follow is not None:
+        print(
+            f"{FOLLOW_UP_JOB} run {follow.run_id} (producer run {producer_run}): "
+            f"{follow.status.value}"
+        )
+        materializations = {**materializations, **_materializations(instance, follow.run_id)}
     record = instance.get_run_record_by_id(run.run_id)
     elapsed = (
         record.end_time - record.start_time
@@ -51,7 +82,7 @@ def report(job: str, instance: DagsterInstance) -> int:
             print(f"  unified table       {_value(unified['table_rows'])} rows in all")
         print(f"  rejected rows       {_value(unified.get('rejected_rows', 0))}")
     if elapsed is not None:
-        print(f"  elapsed             {elapsed:.1f} s (whole run)")
+        print(f"  elapsed             {elapsed:.1f} s ({job})")
     latency = materializations.get("latency_percentiles")
     if latency:
         text = latency.get("percentiles_md") or latency.get("percentiles")
@@ -62,18 +93,23 @@ def report(job: str, instance: DagsterInstance) -> int:
     if "results_csv" in materializations:
         csv = materializations["results_csv"]
         print(f"results CSV: {_value(csv['path'])} ({_value(csv['rows'])} rows)")
-    failed = 0
-    evaluations = instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    # The latest evaluation of each check across the run and its follow-up.
+    evaluations: dict[str, Any] = {}
+    for r in runs_read:
+        for rec in instance.all_logs(r.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+            ev = rec.dagster_event.event_specific_data  # type: ignore[union-attr]
+            evaluations[f"{ev.asset_key.to_user_string()}.{ev.check_name}"] = ev
     if evaluations:
         print("\nchecks:")
-    for record in evaluations:
-        ev = record.dagster_event.event_specific_data  # type: ignore[union-attr]
+    failed = 0
+    for name, ev in evaluations.items():
         status = "passed" if ev.passed else f"FAILED ({ev.severity.value})"
         detail = f": {ev.description}" if ev.description else ""
-        print(f"  {ev.asset_key.to_user_string()}.{ev.check_name}: {status}{detail}")
+        print(f"  {name}: {status}{detail}")
         if not ev.passed and ev.severity == AssetCheckSeverity.ERROR:
             failed += 1
-    return 1 if failed or run.status.value != "SUCCESS" else 0
+    ok = all(r.status.value == "SUCCESS" for r in runs_read)
+    return 1 if failed or not ok else 0
 
 
 def main() -> None:

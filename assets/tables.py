@@ -24,7 +24,8 @@ from dagster import (
 from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
-from assets.common import OWNERS, PIPELINE_GROUP, column_schema, table_rows
+from assets.checks import preload_great_expectations
+from assets.common import OWNERS, PIPELINE_GROUP, PRODUCER_RUNS, column_schema, table_rows
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, UNIFIED_TABLE, Lake
 from deltabus.processes import etl_command, wait_for_file
@@ -145,6 +146,8 @@ def stream_window(
     lk.check(write=True)
     if transform:
         _refuse_beside_the_service(etl_service)
+        # The checks that follow need Great Expectations: import it while the ETL starts.
+        preload_great_expectations()
     producer = _producer_config(context, config)
     mode = config.mode if produce and transform else ("produce" if produce else "etl")
     etl_results: list[MaterializeResult] = []
@@ -155,15 +158,23 @@ def stream_window(
         etl_results = _run_etl(context, lake, config, config.producers, None)
     elif config.mode == "batch":
         report = _produce(context, lk, producer)
-        etl_results = _run_etl(context, lake, config, 1, None)
+        etl_results = _run_etl(context, lake, config, 1, None, until_run=producer.run_id)
     else:  # streaming: the ETL's dataflow is up before the first message is sent
         reports: list[ProducerReport] = []
         etl_results = _run_etl(
-            context, lake, config, 1, lambda: reports.append(_produce(context, lk, producer))
+            context,
+            lake,
+            config,
+            1,
+            lambda: reports.append(_produce(context, lk, producer)),
+            # Earlier runs' finish markers are in the inputs' history: wait for this one.
+            until_run=producer.run_id,
         )
         report = reports[0]
     if produce:
         assert report is not None
+        # The run's latency and checks are partitions keyed by the producer run id.
+        context.instance.add_dynamic_partitions(PRODUCER_RUNS.name or "", [report.run_id])
         for table in INPUT_TABLES:
             if table in selected:
                 yield _input_result(lk, table, report)
@@ -175,6 +186,7 @@ def stream_window(
             metadata={
                 **metadata,
                 "mode": mode,
+                **({"producer_run": report.run_id} if report else {}),
                 "table_rows": table_rows(dt),
                 "dagster/row_count": table_rows(dt),
                 "delta_version": dt.version(),
@@ -243,6 +255,7 @@ def _run_etl(
     config: StreamConfig,
     producers: int,
     meanwhile: Callable[[], object] | None,
+    until_run: str | None = None,
 ) -> list[MaterializeResult]:
     """The bounded ETL as its own process through Dagster Pipes; with `meanwhile`, that
     runs once the ETL's dataflow is up (the producer, in streaming mode)."""
@@ -253,6 +266,7 @@ def _run_etl(
             commit_interval=from_ms(config.commit_interval_ms),
             poll_interval=from_ms(config.poll_interval_ms, "poll interval"),
             producers=producers,
+            until_run=until_run,
             ready_file=ready,
         )
         context.log.info(f"ETL process: {' '.join(command[1:])}")

@@ -191,6 +191,13 @@ def etl(
     producers: Annotated[
         int, typer.Option(help="Bounded mode: finished producer runs to wait for per table.")
     ] = 1,
+    until_run: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Bounded mode: stop once this producer run (repeatable) has finished in both "
+            "inputs, whatever runs the tables finished before; replaces --producers.",
+        ),
+    ] = None,
     ready_file: Annotated[
         Path | None, typer.Option(help="Create this file once the dataflow is running.")
     ] = None,
@@ -205,6 +212,7 @@ def etl(
         commit_interval=from_ms(commit_interval_ms),
         poll_interval=from_ms(poll_interval_ms, "poll interval"),
         expected_producers=producers,
+        until_runs=frozenset(until_run or ()),
         threads=threads,
     )
     lk = lake(write=True)

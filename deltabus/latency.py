@@ -52,6 +52,17 @@ def percentiles(
     return dict(zip(names, row, strict=True))  # type: ignore[arg-type]
 
 
+def distinct_events(
+    con: duckdb.DuckDBPyConnection, source: str, warmup_s: float, column: str
+) -> int:
+    """How many distinct `column` values (messages, ETL batches, commits) are behind a
+    stage after the warm-up: one means the stage has one value, not a distribution."""
+    row = con.execute(
+        f"SELECT count(DISTINCT {column}) FROM {source} WHERE {after_warmup(source, warmup_s)}"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def over_time(
     con: duckdb.DuckDBPyConnection, source: str, interval_s: float = 1.0, value: str = "latency_ms"
 ) -> list[dict[str, float]]:

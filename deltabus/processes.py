@@ -71,6 +71,7 @@ def etl_command(
     commit_interval: float | None = None,
     poll_interval: float | None = None,
     producers: int | None = None,
+    until_run: str | None = None,
     threads: int | None = None,
     ready_file: Path | None = None,
     prefix: str | None = None,
@@ -84,6 +85,8 @@ def etl_command(
         args += ["--poll-interval-ms", to_ms_arg(poll_interval)]
     if producers is not None:
         args += ["--producers", str(producers)]
+    if until_run is not None:
+        args += ["--until-run", until_run]
     if threads is not None:
         args += ["--threads", str(threads)]
     if ready_file is not None:

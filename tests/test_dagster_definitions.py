@@ -56,7 +56,7 @@ def test_everything_the_docs_name_is_defined():
     jobs = {j.name for j in defs.resolve_all_job_defs()} - {"__ASSET_JOB"}
     assert jobs == {
         "pipeline_job",
-        "unified_checks_job",
+        "producer_run_job",
         "benchmark_job",
         "maintenance_job",
         "etl_service_start_job",
@@ -64,7 +64,14 @@ def test_everything_the_docs_name_is_defined():
     }
     pipeline = defs.resolve_job_def("pipeline_job")
     checks = {k.name for k in pipeline.asset_layer.asset_graph.asset_check_keys}
-    assert {"no_message_lost", "no_duplicate_message", "no_nulls", "p99_within_limit"} <= checks
+    assert {"no_message_lost", "no_duplicate_message", "no_nulls"} <= checks
+    per_run = defs.resolve_job_def("producer_run_job")
+    assert per_run.partitions_def is not None and per_run.partitions_def.name == "producer_runs"
+    per_run_checks = {k.name for k in per_run.asset_layer.asset_graph.asset_check_keys}
+    assert {"no_message_lost", "schema_matches_contract", "p99_within_limit"} <= per_run_checks
+    graph = defs.resolve_asset_graph()
+    blocking = {k.name for k in graph.asset_check_keys if graph.get_check_spec(k).blocking}
+    assert blocking == {"no_message_lost", "no_duplicate_message", "schema_matches_contract"}
     schedules = {s.name: s for s in defs.schedules}
     assert schedules["nightly_benchmark_schedule"].cron_schedule == "0 3 * * *"
     assert schedules["nightly_benchmark_schedule"].job_name == "benchmark_job"

@@ -20,6 +20,7 @@ from tests.conftest import lake_env, minio_settings_for
 from tests.helpers import assert_exactly_once
 
 RATE, DURATION = 2000, 2.0  # 4000 messages
+PRODUCER_RUN = "dgrun"  # the partition of latency_percentiles
 
 
 def dagster_env(lake: Lake, tmp: Path) -> dict[str, str]:
@@ -52,7 +53,12 @@ def run_config(tmp: Path, **latency: object) -> dict:
     return {
         "ops": {
             "stream_window": {
-                "config": {"rate": RATE, "duration_s": DURATION, "commit_interval_ms": 100}
+                "config": {
+                    "rate": RATE,
+                    "duration_s": DURATION,
+                    "commit_interval_ms": 100,
+                    "run_id": PRODUCER_RUN,
+                }
             },
             "results_csv": {"config": {"path": str(tmp / "results.csv")}},
             "latency_percentiles": {"config": {"warmup_s": 0.5, "plot_dir": str(tmp / "plots")}},
@@ -70,16 +76,29 @@ def pipeline(module_env) -> dict:
     from resources import default_resources
 
     tmp = module_env["tmp"]
-    result = materialize(
-        # The service health checks judge the continuous service, which is not in use here.
-        [stream_window, results_csv, latency_percentiles, *UNIFIED_CHECKS, p99_within_limit],
+    instance = DagsterInstance.ephemeral()
+    config = run_config(tmp)
+    # The service health checks judge the continuous service, which is not in use here.
+    window = materialize(
+        [stream_window, results_csv, *UNIFIED_CHECKS],
         resources=default_resources(),
-        run_config=run_config(tmp),
-        instance=DagsterInstance.ephemeral(),
+        run_config={"ops": {k: config["ops"][k] for k in ("stream_window", "results_csv")}},
+        instance=instance,
+    )
+    # The stream window added its producer run as a partition; measure that partition.
+    assert PRODUCER_RUN in instance.get_dynamic_partitions("producer_runs")
+    latency = materialize(
+        [latency_percentiles, p99_within_limit],
+        resources=default_resources(),
+        run_config={"ops": {"latency_percentiles": config["ops"]["latency_percentiles"]}},
+        partition_key=PRODUCER_RUN,
+        instance=instance,
     )
     lake: Lake = module_env["lake"]
     return {
-        "result": result,
+        "result": window,
+        "latency": latency,
+        "instance": instance,
         "lake": lake,
         "tmp": tmp,
         "good_version": lake.open(UNIFIED_TABLE).version(),
@@ -102,7 +121,7 @@ def checks_of(result) -> dict:
 
 def test_full_graph_materializes_and_every_check_passes(pipeline):
     result, lake = pipeline["result"], pipeline["lake"]
-    assert result.success
+    assert result.success and pipeline["latency"].success
     total = int(RATE * DURATION)
     assert_exactly_once(lake, expected=total)
 
@@ -121,7 +140,7 @@ def test_full_graph_materializes_and_every_check_passes(pipeline):
     assert csv["rows"] == total
     assert Path(csv["path"]).read_text().splitlines()[0] == "timestamp,message,time,diff"
 
-    latency = metadata_of(result, "latency_percentiles")
+    latency = metadata_of(pipeline["latency"], "latency_percentiles")
     assert 0 < latency["samples"] < total  # the warm-up was left out
     assert 0 < latency["p50_s"] <= latency["p99_s"] <= latency["max_s"]
     # Streaming: the ETL transformed each commit as it landed, not after the 2 s run.
@@ -132,8 +151,11 @@ def test_full_graph_materializes_and_every_check_passes(pipeline):
     assert {r["mode"] for r in rows.values()} == {"streaming"}
     assert "| end to end" in latency["percentiles_md"]
     assert Path(latency["latency_over_time"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert latency["scope"] == f"producer run {PRODUCER_RUN}"
+    # Many commits behind each stage: distributions, so every percentile is filled in.
+    assert all(r["events"] > 1 and r["p50_s"] is not None for r in rows.values()), rows
 
-    checks = checks_of(result)
+    checks = {**checks_of(result), **checks_of(pipeline["latency"])}
     assert set(checks) == {
         "no_message_lost",
         "no_duplicate_message",
@@ -149,7 +171,7 @@ def test_full_graph_materializes_and_every_check_passes(pipeline):
 
 def test_no_secret_in_events_or_metadata(pipeline):
     secret = pipeline["lake"].settings.secret_key.get_secret_value()
-    for event in pipeline["result"].all_events:
+    for event in [*pipeline["result"].all_events, *pipeline["latency"].all_events]:
         assert secret not in str(event)
 
 
@@ -166,18 +188,23 @@ def faulty(pipeline) -> Iterator[dict]:
         lake.open(REJECTS_TABLE).delete()
 
 
-def run_checks(pipeline, **latency_limit: object) -> dict:
+def run_checks(pipeline, **latency_limit: object):
+    """producer_run_job for the pipeline's producer run: every check, then the latency
+    (which a failed blocking check holds back, so the run then fails)."""
     from definitions import build_definitions
     from resources import default_resources
 
-    job = build_definitions(default_resources()).resolve_job_def("unified_checks_job")
+    job = build_definitions(default_resources()).resolve_job_def("producer_run_job")
     config = run_config(pipeline["tmp"], **latency_limit)
     skipped = ("stream_window", "results_csv")
     config["ops"] = {k: v for k, v in config["ops"].items() if k not in skipped}
     result = job.execute_in_process(
-        run_config=config, instance=DagsterInstance.ephemeral(), raise_on_error=True
+        run_config=config,
+        instance=pipeline["instance"],
+        partition_key=PRODUCER_RUN,
+        raise_on_error=False,
     )
-    return checks_of(result)
+    return checks_of(result), result
 
 
 def md(check, key: str) -> object:
@@ -192,9 +219,12 @@ def test_deleted_rows_are_reported_lost(faulty):
     lake = faulty["lake"]
     victims = sorted(unified_rows(lake)["message"].to_pylist())[:3]
     lake.open(UNIFIED_TABLE).delete(" OR ".join(f"message = '{m}'" for m in victims))
-    checks = run_checks(faulty)
+    checks, run = run_checks(faulty)
     lost = checks["no_message_lost"]
     assert not lost.passed and lost.severity == AssetCheckSeverity.ERROR
+    # Blocking: the run fails and the latency of a table that lost rows is not published.
+    assert not run.success
+    assert not run.get_asset_materialization_events()
     assert md(lost, "lost_messages") == 3
     assert "3 of 4000 input messages are missing" in lost.description
     for m in victims:
@@ -208,7 +238,8 @@ def test_duplicated_rows_are_reported(faulty):
     write_deltalake(
         lake.uri(UNIFIED_TABLE), rows, mode="append", storage_options=lake.storage_options
     )
-    checks = run_checks(faulty)
+    checks, run = run_checks(faulty)
+    assert not run.success
     dup = checks["no_duplicate_message"]
     assert not dup.passed
     assert md(dup, "duplicated_messages") == 2 and md(dup, "extra_rows") == 2
@@ -226,7 +257,8 @@ def test_corrupted_rows_fail_nulls_and_time_window(faulty):
     dt.update(predicate=f"message = '{victim}'", updates={"timestamp": "NULL"})
     dt = lake.open(UNIFIED_TABLE)
     dt.update(predicate=f"message = '{shifted}'", updates={"timestamp": "timestamp + 86400000"})
-    checks = run_checks(faulty)
+    checks, run = run_checks(faulty)
+    assert run.success  # nulls and the time window are not blocking
 
     nulls = checks["no_nulls"]
     assert not nulls.passed
@@ -253,7 +285,8 @@ def test_schema_drift_is_reported(faulty):
         schema_mode="merge",
         storage_options=lake.storage_options,
     )
-    checks = run_checks(faulty)
+    checks, run = run_checks(faulty)
+    assert not run.success
     schema = checks["schema_matches_contract"]
     assert not schema.passed
     assert "note: expected absent, got VARCHAR" in schema.description
@@ -278,7 +311,7 @@ def test_rejects_warn_and_latency_limit_fails(faulty):
     write_deltalake(
         lake.uri(REJECTS_TABLE), bad, mode="append", storage_options=lake.storage_options
     )
-    checks = run_checks(faulty, p99_limit_s=0.001)
+    checks, _ = run_checks(faulty, p99_limit_s=0.001)
     rejects = checks["rejects_count"]
     assert not rejects.passed and rejects.severity == AssetCheckSeverity.WARN
     assert md(rejects, "rejected_rows") == 1 and "unparsable date" in md(rejects, "by_reason")

@@ -86,36 +86,52 @@ def resources() -> dict:
 
 
 def test_unified_commits_sensor_requests_once_per_finished_producer_run(env):
-    from assets.automation import unified_checks_job, unified_commits_sensor
+    from assets.automation import producer_run_job, unified_commits_sensor
 
     lake: Lake = env["lake"]
-    assert unified_commits_sensor.job_name == unified_checks_job.name
-    first = unified_commits_sensor(build_sensor_context(resources=resources()))
+    instance = DagsterInstance.ephemeral()
+
+    def evaluate(cursor: str | None = None):
+        context = build_sensor_context(instance=instance, cursor=cursor, resources=resources())
+        return unified_commits_sensor(context)
+
+    assert unified_commits_sensor.job_name == producer_run_job.name
+    first = evaluate()
     assert isinstance(first, SkipReason) and "no table" in first.skip_message
 
     # Run a's last message reached one table only: not finished yet.
     unified_commit(lake, ["a-0", "a-1"], {}, {"timezone1": ["a"], "timezone2": []})
-    waiting = unified_commits_sensor(build_sensor_context(resources=resources()))
+    waiting = evaluate()
     assert isinstance(waiting, SkipReason)
 
     unified_commit(lake, ["a-2"], {}, {"timezone1": ["a"], "timezone2": ["a"]})
-    result = unified_commits_sensor(build_sensor_context(resources=resources()))
+    result = evaluate()
     assert isinstance(result, SensorResult)
     (request,) = result.run_requests
-    assert request.run_key == f"{lake.root}:a" and request.tags["deltabus/producer_run"] == "a"
-    assert request.run_config["ops"]["latency_percentiles"]["config"]["producer_run"] == "a"
+    assert request.run_key == f"{lake.root}:a" and request.partition_key == "a"
+    assert request.tags["deltabus/producer_run"] == "a"
+    (added,) = result.dynamic_partitions_requests
+    assert added.partitions_def_name == "producer_runs" and list(added.partition_keys) == ["a"]
 
     # More commits of the same finished run, and of a run still going: no new request.
     unified_commit(lake, ["b-0"], {}, {"timezone1": ["a", "b"], "timezone2": ["a"]})
     unified_commit(lake, ["b-1"], {}, {"timezone1": ["a", "b"], "timezone2": ["a"]})
-    later = build_sensor_context(cursor=result.cursor, resources=resources())
-    again = unified_commits_sensor(later)
+    again = evaluate(result.cursor)
     assert isinstance(again, SkipReason)
 
-    unified_commit(lake, ["b-2"], {}, {"timezone1": ["a", "b"], "timezone2": ["a", "b"]})
-    newer = unified_commits_sensor(later)
+    # Run b finished; run c finished too, but its latency partition is already there
+    # (make demo measured it): b is requested, c is only recorded as a partition.
+    instance.add_dynamic_partitions("producer_runs", ["c"])
+    instance.report_runless_asset_event(AssetMaterialization("latency_percentiles", partition="c"))
+    unified_commit(
+        lake, ["b-2", "c-0"], {}, {"timezone1": ["a", "b", "c"], "timezone2": ["a", "b", "c"]}
+    )
+    newer = evaluate(result.cursor)
     assert isinstance(newer, SensorResult)
-    assert [r.run_key for r in newer.run_requests] == [f"{lake.root}:b"]
+    assert [(r.run_key, r.partition_key) for r in newer.run_requests] == [(f"{lake.root}:b", "b")]
+    (added,) = newer.dynamic_partitions_requests
+    assert list(added.partition_keys) == ["b"]
+    assert isinstance(evaluate(newer.cursor), SkipReason)
 
 
 def test_lag_counts_data_commits_after_the_recorded_positions(env):

@@ -73,3 +73,16 @@ def test_inputs_then_the_etl_alone(dagster_lake: Lake):
 def test_an_unknown_mode_is_refused(dagster_lake: Lake):
     with pytest.raises(Exception, match="mode must be one of streaming, batch"):
         window({"mode": "both", "rate": 1000, "duration_s": 0.2})
+
+
+def test_a_second_streaming_window_waits_for_its_own_producer_run(dagster_lake: Lake):
+    """The inputs' history already holds a finished producer run: the second window's ETL
+    must not stop at that old finish marker before its own producer has written."""
+    first = window({"rate": 1000, "duration_s": 0.5, "run_id": "first"})
+    assert first.success and metadata(first, UNIFIED_TABLE)["rows"] == 500
+    second = window({"rate": 1000, "duration_s": 1.0, "run_id": "second"})
+    assert second.success
+    unified = metadata(second, UNIFIED_TABLE)
+    assert unified["mode"] == "streaming" and unified["producer_run"] == "second"
+    assert unified["rows"] == 1000, unified
+    assert_exactly_once(dagster_lake, expected=1500)

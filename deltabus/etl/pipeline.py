@@ -47,6 +47,8 @@ class EtlConfig:
     commit_interval: float = DEFAULT_COMMIT_INTERVAL_MS / 1000
     poll_interval: float = DEFAULT_POLL_INTERVAL_MS / 1000
     expected_producers: int = 1
+    # Bounded mode: stop at these producer runs' finish markers, not at a count of runs.
+    until_runs: frozenset[str] = frozenset()
     autocommit_ms: int = 10
     threads: int = 1
 
@@ -152,6 +154,7 @@ def run_etl(
             positions[table] + 1,
             bounded=config.bounded,
             expected_producers=config.expected_producers,
+            until_runs=config.until_runs,
             poll_interval=config.poll_interval,
             stop=stop,
             rejects=rejects,

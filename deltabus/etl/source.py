@@ -77,6 +77,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         on_start: Callable[[], None] | None = None,
         finished_runs: set[str] | None = None,
         skip_change_commits: bool = False,
+        until_runs: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(datasource_name=f"delta:{table}")
         self.lake = lake
@@ -84,6 +85,9 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         self.next_version = start_version
         self.bounded = bounded
         self.expected_producers = expected_producers
+        # Bounded mode: the producer runs whose finish markers end this input (when set,
+        # instead of a count: earlier runs' markers in the table's history do not count).
+        self.until_runs = until_runs
         self.poll_interval = poll_interval
         self.stop = stop
         self.rejects = rejects
@@ -153,7 +157,11 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                 raise refused  # the versions before it are sent; nothing of it is
             if len(commits) == self.max_versions_per_read:
                 continue  # behind: read on right away
-            finished = len(self.stats.finished_runs) >= self.expected_producers
+            finished = (
+                self.until_runs <= self.stats.finished_runs
+                if self.until_runs
+                else len(self.stats.finished_runs) >= self.expected_producers
+            )
             if not commits and self.bounded and finished:
                 log.info("input %s finished at version %d", self.table, self.next_version - 1)
                 return
