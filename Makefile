@@ -61,9 +61,10 @@ chaos: venv minio-bin  ## a 10-minute seeded chaos soak (SIGKILLs, MinIO restart
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \
 	  $(PY) -m pytest -q -s tests/test_chaos.py
 
-lint: venv  ## ruff lint and format check
+lint: venv dagster-home  ## ruff lint and format check, and the Dagster definitions load and validate
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m dagster definitions validate -w workspace.yaml
 
 format: venv
 	$(PY) -m ruff check --fix .

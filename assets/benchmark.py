@@ -20,7 +20,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from assets.common import BENCHMARK_GROUP, markdown_table
+from assets.common import BENCHMARK_GROUP, MEASURED_POOL, markdown_table
 from deltabus.processes import child_env
 from resources.etl import REPO_ROOT
 from resources.lake import LakeResource
@@ -64,6 +64,7 @@ def bench_command(config: BenchConfig, out: Path) -> list[str]:
 @asset(
     group_name=BENCHMARK_GROUP,
     kinds={"python", "duckdb"},
+    pool=MEASURED_POOL,  # never beside a stream window (platform/dagster.yaml)
     check_specs=[
         AssetCheckSpec(
             "bench_passed",

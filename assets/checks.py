@@ -9,14 +9,18 @@ what failed in its description and shows examples (rows or figures) in its metad
 
 import os
 import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from dagster import (
+    AssetCheckExecutionContext,
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetCheckSpec,
     MetadataValue,
-    asset_check,
+    multi_asset_check,
 )
 from dagster_duckdb import DuckDBResource
 
@@ -47,15 +51,15 @@ def _rows(con: Any, sql: str, params: list | None = None) -> list[dict[str, Any]
 
 
 def _scalar(con: Any, sql: str) -> Any:
-    return con.execute(sql).fetchone()[0]
+    return con.execute(sql).fetchall()[0][0]
 
 
 def _examples(rows: list[dict[str, Any]]) -> MetadataValue:
     return MetadataValue.md(markdown_table(rows))
 
 
-def _missing_unified(lake: Lake) -> AssetCheckResult | None:
-    if lake.exists(UNIFIED_TABLE):
+def _missing_unified(lake: Lake, registered: list[str]) -> AssetCheckResult | None:
+    if UNIFIED_TABLE in registered:
         return None
     return AssetCheckResult(
         passed=False,
@@ -74,37 +78,23 @@ def _inputs_sql(registered: list[str]) -> str:
     )
 
 
-@asset_check(
-    asset=UNIFIED_TABLE,
-    blocking=True,
-    description="Every message in the inputs' current content is in timezone_unified's net "
-    "content, and nothing else is (messages with sum(diff) > 0 = input rows).",
-)
-def no_message_lost(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
-    lk = lake.lake()
-    if (missing := _missing_unified(lk)) is not None:
+def no_message_lost(lk: Lake, con: Any, registered: list[str]) -> AssetCheckResult:
+    if (missing := _missing_unified(lk, registered)) is not None:
         return missing
-    with delta_views(duck, lk, (*INPUT_TABLES, UNIFIED_TABLE)) as con:
-        registered = [
-            r[0]
-            for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()
-        ]
-        con.execute(f"CREATE OR REPLACE TEMP VIEW inputs AS {_inputs_sql(registered)}")
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW present AS "
-            f"SELECT message FROM ({NET_COPIES_SQL}) WHERE copies > 0"
-        )
-        input_rows = _scalar(con, "SELECT count(*) FROM inputs")
-        distinct = _scalar(con, "SELECT count(*) FROM present")
-        lost = _scalar(con, "SELECT count(*) FROM inputs i ANTI JOIN present u USING (message)")
-        lost_examples = _rows(
-            con,
-            "SELECT i.message, i.source FROM inputs i ANTI JOIN present u "
-            f"USING (message) ORDER BY i.message LIMIT {EXAMPLES}",
-        )
-        unexpected = _scalar(
-            con, "SELECT count(*) FROM present u ANTI JOIN inputs i USING (message)"
-        )
+    con.execute(f"CREATE OR REPLACE TEMP VIEW inputs AS {_inputs_sql(registered)}")
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW present AS "
+        f"SELECT message FROM ({NET_COPIES_SQL}) WHERE copies > 0"
+    )
+    input_rows = _scalar(con, "SELECT count(*) FROM inputs")
+    distinct = _scalar(con, "SELECT count(*) FROM present")
+    lost = _scalar(con, "SELECT count(*) FROM inputs i ANTI JOIN present u USING (message)")
+    lost_examples = _rows(
+        con,
+        "SELECT i.message, i.source FROM inputs i ANTI JOIN present u "
+        f"USING (message) ORDER BY i.message LIMIT {EXAMPLES}",
+    )
+    unexpected = _scalar(con, "SELECT count(*) FROM present u ANTI JOIN inputs i USING (message)")
     passed = lost == 0 and distinct == input_rows
     return AssetCheckResult(
         passed=passed,
@@ -122,28 +112,20 @@ def no_message_lost(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResul
     )
 
 
-@asset_check(
-    asset=UNIFIED_TABLE,
-    blocking=True,
-    description="No message is in timezone_unified's net content twice, and none is "
-    "retracted more often than inserted (sum(diff) per message is 0 or 1).",
-)
-def no_duplicate_message(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
-    lk = lake.lake()
-    if (missing := _missing_unified(lk)) is not None:
+def no_duplicate_message(lk: Lake, con: Any, registered: list[str]) -> AssetCheckResult:
+    if (missing := _missing_unified(lk, registered)) is not None:
         return missing
-    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
-        con.execute(
-            f"""CREATE OR REPLACE TEMP VIEW dupes AS
-                SELECT * FROM ({NET_COPIES_SQL}) WHERE copies > 1 OR copies < 0"""
-        )
-        dupes = _scalar(con, "SELECT count(*) FROM dupes WHERE copies > 1")
-        extra_rows = _scalar(con, "SELECT coalesce(sum(copies - 1), 0) FROM dupes WHERE copies > 1")
-        negative = _scalar(con, "SELECT count(*) FROM dupes WHERE copies < 0")
-        retractions = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}" WHERE diff < 0')
-        examples = _rows(
-            con, f"SELECT * FROM dupes ORDER BY abs(copies) DESC, message LIMIT {EXAMPLES}"
-        )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP VIEW dupes AS
+            SELECT * FROM ({NET_COPIES_SQL}) WHERE copies > 1 OR copies < 0"""
+    )
+    dupes = _scalar(con, "SELECT count(*) FROM dupes WHERE copies > 1")
+    extra_rows = _scalar(con, "SELECT coalesce(sum(copies - 1), 0) FROM dupes WHERE copies > 1")
+    negative = _scalar(con, "SELECT count(*) FROM dupes WHERE copies < 0")
+    retractions = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}" WHERE diff < 0')
+    examples = _rows(
+        con, f"SELECT * FROM dupes ORDER BY abs(copies) DESC, message LIMIT {EXAMPLES}"
+    )
     passed = dupes == 0 and negative == 0
     problems = []
     if dupes:
@@ -232,16 +214,10 @@ def run_gx_not_null_suite(frame: Any, columns: list[str]) -> list[dict[str, Any]
     return out
 
 
-@asset_check(
-    asset=UNIFIED_TABLE,
-    description="No null in any column of timezone_unified (Great Expectations suite).",
-)
-def no_nulls(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
-    lk = lake.lake()
-    if (missing := _missing_unified(lk)) is not None:
+def no_nulls(lk: Lake, con: Any, registered: list[str]) -> AssetCheckResult:
+    if (missing := _missing_unified(lk, registered)) is not None:
         return missing
-    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
-        frame = con.execute(f'SELECT * FROM "{UNIFIED_TABLE}"').df()
+    frame = con.execute(f'SELECT * FROM "{UNIFIED_TABLE}"').df()
     columns = list(UNIFIED_SCHEMA.names)
     results = run_gx_not_null_suite(frame, columns)
     failed = [r for r in results if not r["success"]]
@@ -297,34 +273,27 @@ def producer_windows(lake: Lake) -> pa.Table:
     )
 
 
-@asset_check(
-    asset=UNIFIED_TABLE,
-    description="Every `timestamp` of timezone_unified's net content lies inside the time "
-    "window its producer run scheduled (from the producer's commit metadata).",
-)
-def timestamp_in_producer_window(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
-    lk = lake.lake()
-    if (missing := _missing_unified(lk)) is not None:
+def timestamp_in_producer_window(lk: Lake, con: Any, registered: list[str]) -> AssetCheckResult:
+    if (missing := _missing_unified(lk, registered)) is not None:
         return missing
     windows = producer_windows(lk)
-    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
-        con.register("producer_windows", windows)
-        con.execute(
-            f"""CREATE OR REPLACE TEMP VIEW outside AS
-                SELECT u.message, u.timestamp,
-                       epoch_ms(TRY_CAST(u.timestamp AS BIGINT))::VARCHAR AS timestamp_utc,
-                       w.producer_run IS NOT NULL AS run_known,
-                       epoch_ms(w.start_ms::BIGINT)::VARCHAR AS window_start_utc,
-                       epoch_ms(w.end_ms::BIGINT)::VARCHAR AS window_end_utc
-                FROM "{UNIFIED_NET_VIEW}" u
-                LEFT JOIN producer_windows w ON w.producer_run = {RUN_OF_MESSAGE}
-                WHERE w.producer_run IS NULL OR u.timestamp IS NULL
-                   OR u.timestamp < w.start_ms - 1 OR u.timestamp > w.end_ms + 1"""
-        )
-        outside = _scalar(con, "SELECT count(*) FROM outside")
-        unknown = _scalar(con, "SELECT count(*) FROM outside WHERE NOT run_known")
-        examples = _rows(con, f"SELECT * FROM outside ORDER BY message LIMIT {EXAMPLES}")
-        total = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_NET_VIEW}"')
+    con.register("producer_windows", windows)
+    con.execute(
+        f"""CREATE OR REPLACE TEMP VIEW outside AS
+            SELECT u.message, u.timestamp,
+                   epoch_ms(TRY_CAST(u.timestamp AS BIGINT))::VARCHAR AS timestamp_utc,
+                   w.producer_run IS NOT NULL AS run_known,
+                   epoch_ms(w.start_ms::BIGINT)::VARCHAR AS window_start_utc,
+                   epoch_ms(w.end_ms::BIGINT)::VARCHAR AS window_end_utc
+            FROM "{UNIFIED_NET_VIEW}" u
+            LEFT JOIN producer_windows w ON w.producer_run = {RUN_OF_MESSAGE}
+            WHERE w.producer_run IS NULL OR u.timestamp IS NULL
+               OR u.timestamp < w.start_ms - 1 OR u.timestamp > w.end_ms + 1"""
+    )
+    outside = _scalar(con, "SELECT count(*) FROM outside")
+    unknown = _scalar(con, "SELECT count(*) FROM outside WHERE NOT run_known")
+    examples = _rows(con, f"SELECT * FROM outside ORDER BY message LIMIT {EXAMPLES}")
+    total = _scalar(con, f'SELECT count(*) FROM "{UNIFIED_NET_VIEW}"')
     passed = outside == 0
     return AssetCheckResult(
         passed=passed,
@@ -342,25 +311,15 @@ def timestamp_in_producer_window(lake: LakeResource, duck: DuckDBResource) -> As
     )
 
 
-@asset_check(
-    asset=UNIFIED_TABLE,
-    blocking=True,
-    description="Columns and types match the contract: timestamp double, message string, "
-    "time int64, diff int64 (DuckDB DESCRIBE), and diff is +1 or -1.",
-)
-def schema_matches_contract(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
-    lk = lake.lake()
-    if (missing := _missing_unified(lk)) is not None:
+def schema_matches_contract(lk: Lake, con: Any, registered: list[str]) -> AssetCheckResult:
+    if (missing := _missing_unified(lk, registered)) is not None:
         return missing
-    with delta_views(duck, lk, (UNIFIED_TABLE,)) as con:
-        actual = {
-            r["column_name"]: r["column_type"] for r in _rows(con, f'DESCRIBE "{UNIFIED_TABLE}"')
-        }
-        bad_diff = (
-            _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}" WHERE diff NOT IN (1, -1)')
-            if actual.get("diff") == "BIGINT"
-            else 0
-        )
+    actual = {r["column_name"]: r["column_type"] for r in _rows(con, f'DESCRIBE "{UNIFIED_TABLE}"')}
+    bad_diff = (
+        _scalar(con, f'SELECT count(*) FROM "{UNIFIED_TABLE}" WHERE diff NOT IN (1, -1)')
+        if actual.get("diff") == "BIGINT"
+        else 0
+    )
     problems = []
     for col, typ in CONTRACT_SQL_TYPES.items():
         if col not in actual:
@@ -392,27 +351,21 @@ def schema_matches_contract(lake: LakeResource, duck: DuckDBResource) -> AssetCh
     )
 
 
-@asset_check(
-    asset=UNIFIED_TABLE,
-    description="Rows the ETL could not parse (the rejects table); warns when there are any.",
-)
-def rejects_count(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
-    lk = lake.lake()
-    with delta_views(duck, lk, (REJECTS_TABLE,)) as con:
-        if not lk.exists(REJECTS_TABLE):
-            count, by_reason, examples = 0, [], []
-        else:
-            count = _scalar(con, f'SELECT count(*) FROM "{REJECTS_TABLE}"')
-            by_reason = _rows(
-                con,
-                f'SELECT source_table, reason, count(*) AS rows FROM "{REJECTS_TABLE}" '
-                "GROUP BY ALL ORDER BY rows DESC LIMIT 20",
-            )
-            examples = _rows(
-                con,
-                "SELECT source_table, source_version, message, date, reason "
-                f'FROM "{REJECTS_TABLE}" ORDER BY time DESC LIMIT {EXAMPLES}',
-            )
+def rejects_count(lk: Lake, con: Any, registered: list[str]) -> AssetCheckResult:
+    if REJECTS_TABLE not in registered:
+        count, by_reason, examples = 0, [], []
+    else:
+        count = _scalar(con, f'SELECT count(*) FROM "{REJECTS_TABLE}"')
+        by_reason = _rows(
+            con,
+            f'SELECT source_table, reason, count(*) AS rows FROM "{REJECTS_TABLE}" '
+            "GROUP BY ALL ORDER BY rows DESC LIMIT 20",
+        )
+        examples = _rows(
+            con,
+            "SELECT source_table, source_version, message, date, reason "
+            f'FROM "{REJECTS_TABLE}" ORDER BY time DESC LIMIT {EXAMPLES}',
+        )
     passed = count == 0
     return AssetCheckResult(
         passed=passed,
@@ -426,11 +379,79 @@ def rejects_count(lake: LakeResource, duck: DuckDBResource) -> AssetCheckResult:
     )
 
 
-UNIFIED_CHECKS = [
-    no_message_lost,
-    no_duplicate_message,
-    no_nulls,
-    timestamp_in_producer_window,
-    schema_matches_contract,
-    rejects_count,
-]
+# name -> (check, description, blocking): one check spec of `unified_checks` each.
+CHECKS: dict[str, tuple[Callable[[Lake, Any, list[str]], AssetCheckResult], str, bool]] = {
+    "no_message_lost": (
+        no_message_lost,
+        "Every message in the inputs' current content is in timezone_unified's net content, "
+        "and nothing else is (messages with sum(diff) > 0 = input rows). Blocking.",
+        True,
+    ),
+    "no_duplicate_message": (
+        no_duplicate_message,
+        "No message is in timezone_unified's net content twice, and none is retracted more "
+        "often than inserted (sum(diff) per message is 0 or 1). Blocking.",
+        True,
+    ),
+    "no_nulls": (
+        no_nulls,
+        "No null in any column of timezone_unified (Great Expectations suite).",
+        False,
+    ),
+    "timestamp_in_producer_window": (
+        timestamp_in_producer_window,
+        "Every `timestamp` of timezone_unified's net content lies inside the time window its "
+        "producer run scheduled (from the producer's commit metadata).",
+        False,
+    ),
+    "schema_matches_contract": (
+        schema_matches_contract,
+        "Columns and types match the contract: timestamp double, message string, time int64, "
+        "diff int64 (DuckDB DESCRIBE), and diff is +1 or -1. Blocking.",
+        True,
+    ),
+    "rejects_count": (
+        rejects_count,
+        "Rows the ETL could not parse (the rejects table); warns when there are any.",
+        False,
+    ),
+}
+
+
+@multi_asset_check(
+    specs=[
+        AssetCheckSpec(name, asset=UNIFIED_TABLE, description=description, blocking=blocking)
+        for name, (_, description, blocking) in CHECKS.items()
+    ],
+    can_subset=True,
+    description="The data-quality checks of timezone_unified in one step: each table is read "
+    "from the lake once into DuckDB, then every selected check queries it there.",
+)
+def unified_checks(
+    context: AssetCheckExecutionContext, lake: LakeResource, duck: DuckDBResource
+) -> Iterator[AssetCheckResult]:
+    lk = lake.lake()
+    with delta_views(duck, lk, (*INPUT_TABLES, UNIFIED_TABLE, REJECTS_TABLE), load=True) as con:
+        registered = [
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE temporary "
+                "UNION SELECT view_name FROM duckdb_views() WHERE temporary"
+            ).fetchall()
+        ]
+        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.name):
+            check, _, _ = CHECKS[key.name]
+            started = time.perf_counter()
+            result = check(lk, con, registered)
+            seconds = round(time.perf_counter() - started, 3)
+            yield AssetCheckResult(
+                asset_key=UNIFIED_TABLE,
+                check_name=key.name,
+                passed=result.passed,
+                severity=result.severity,
+                description=result.description,
+                metadata={**(result.metadata or {}), "check_seconds": seconds},
+            )
+
+
+UNIFIED_CHECKS = [unified_checks]

@@ -129,9 +129,7 @@ def latency_percentiles(
     context.log.info("latency (s):\n" + markdown_table(table))
     return MaterializeResult(
         metadata={
-            "samples": int(e2e["samples"]),
-            **{_seconds_key(n): round(float(e2e[n]), 4) for n in STAT_NAMES},
-            # Inline in the UI: one row per stage, seconds.
+            # Inline in the UI, first: one row per stage, seconds.
             "percentiles": MetadataValue.table(
                 records=[
                     TableRecord(
@@ -160,6 +158,8 @@ def latency_percentiles(
                     ]
                 ),
             ),
+            "samples": int(e2e["samples"]),
+            **{_seconds_key(n): round(float(e2e[n]), 4) for n in STAT_NAMES},
             "percentiles_md": MetadataValue.md(
                 f"Latency in seconds after a {config.warmup_s:g} s warm-up ({scope}, "
                 f"{mode}).\n\n"

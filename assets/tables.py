@@ -25,7 +25,14 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from assets.checks import preload_great_expectations
-from assets.common import OWNERS, PIPELINE_GROUP, PRODUCER_RUNS, column_schema, table_rows
+from assets.common import (
+    MEASURED_POOL,
+    OWNERS,
+    PIPELINE_GROUP,
+    PRODUCER_RUNS,
+    column_schema,
+    table_rows,
+)
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, UNIFIED_TABLE, Lake
 from deltabus.processes import etl_command, wait_for_file
@@ -75,6 +82,8 @@ class StreamConfig(Config):
 @multi_asset(
     name="stream_window",
     can_subset=True,
+    # One latency-measured step at a time across runs (platform/dagster.yaml).
+    pool=MEASURED_POOL,
     specs=[
         *(
             AssetSpec(

@@ -46,18 +46,27 @@ def arrow_source(dt: DeltaTable) -> pa.Table | object:
 
 
 def register_delta_views(
-    con: duckdb.DuckDBPyConnection, lake: Lake, tables: tuple[str, ...] = ALL_TABLES
+    con: duckdb.DuckDBPyConnection,
+    lake: Lake,
+    tables: tuple[str, ...] = ALL_TABLES,
+    load: bool = False,
 ) -> list[str]:
     """Expose each existing Delta table as a DuckDB view of the same name; returns them.
 
-    With `timezone_unified` comes the `timezone_unified_net` view of its net content.
+    With `load`, each is a temporary table instead, read from the lake once: a view scans
+    every data file again on each query, which over many small files on an object store
+    costs more than the queries. With `timezone_unified` comes the `timezone_unified_net`
+    view of its net content.
     """
     registered = []
     for table in tables:
         if not lake.exists(table):
             continue
         con.register(f"{table}__arrow", arrow_source(lake.open(table)))
-        con.execute(f'CREATE OR REPLACE TEMP VIEW "{table}" AS SELECT * FROM "{table}__arrow"')
+        kind = "TABLE" if load else "VIEW"
+        con.execute(f'CREATE OR REPLACE TEMP {kind} "{table}" AS SELECT * FROM "{table}__arrow"')
+        if load:
+            con.unregister(f"{table}__arrow")
         registered.append(table)
         if table == UNIFIED_TABLE:
             con.execute(f'CREATE OR REPLACE TEMP VIEW "{UNIFIED_NET_VIEW}" AS {NET_SQL}')

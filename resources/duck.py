@@ -19,9 +19,10 @@ def duckdb_resource(database: str = ":memory:") -> DuckDBResource:
 
 @contextmanager
 def delta_views(
-    duck: DuckDBResource, lake: Lake, tables: tuple[str, ...] = ALL_TABLES
+    duck: DuckDBResource, lake: Lake, tables: tuple[str, ...] = ALL_TABLES, load: bool = False
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection where each existing Delta table of `lake` is a view of its name."""
+    """A DuckDB connection where each existing Delta table of `lake` is a view of its name
+    (with `load`, a temporary table read once: for many queries over the same data)."""
     with duck.get_connection() as con:
-        register_delta_views(con, lake, tables)
+        register_delta_views(con, lake, tables, load=load)
         yield con
