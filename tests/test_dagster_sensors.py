@@ -260,3 +260,72 @@ def test_service_is_started_watched_relaunched_and_stopped(env):
         assert "starting ETL service" in service.log_tail(200)
     finally:
         service.stop(timeout=10)
+
+
+def test_one_check_and_latency_run_per_producer_run_beside_the_service(env):
+    """The continuous service transforms two producer runs while the unified_commits_sensor
+    is evaluated every half second: exactly one producer_run_job request per run, each for
+    its own partition, and those runs pass and measure that run's latency."""
+    import threading
+
+    from assets.automation import unified_commits_sensor
+    from definitions import build_definitions
+
+    lake: Lake = env["lake"]
+    service = EtlService(env["tmp"] / "service")
+    defs = build_definitions(resources())
+    instance = DagsterInstance.ephemeral()
+    requests: list = []
+    cursor: str | None = None
+
+    def evaluate() -> None:
+        nonlocal cursor
+        context = build_sensor_context(instance=instance, cursor=cursor, resources=resources())
+        result = unified_commits_sensor(context)
+        if isinstance(result, SensorResult):
+            for added in result.dynamic_partitions_requests:
+                instance.add_dynamic_partitions(added.partitions_def_name, added.partition_keys)
+            requests.extend(result.run_requests)
+            cursor = result.cursor
+
+    try:
+        start = defs.resolve_job_def("etl_service_start_job").execute_in_process(instance=instance)
+        assert start.success
+        for run in ("live1", "live2"):
+            producing = threading.Thread(target=produce, args=(lake, 2000, run, 1000))
+            producing.start()
+            while producing.is_alive():  # many evaluations while the run is being written
+                evaluate()
+                time.sleep(0.5)
+            producing.join()
+            deadline = time.monotonic() + 60
+            while run not in [r.partition_key for r in requests]:
+                assert time.monotonic() < deadline, f"no request for {run}: {requests}"
+                evaluate()
+                time.sleep(0.5)
+        for _ in range(3):
+            evaluate()
+        assert [(r.run_key, r.partition_key) for r in requests] == [
+            (f"{lake.root}:live1", "live1"),
+            (f"{lake.root}:live2", "live2"),
+        ]
+        assert set(instance.get_dynamic_partitions("producer_runs")) == {"live1", "live2"}
+        job = defs.resolve_job_def("producer_run_job")
+        for request in requests:
+            result = job.execute_in_process(
+                instance=instance,
+                partition_key=request.partition_key,
+                run_config={"ops": {"latency_percentiles": {"config": {"warmup_s": 0.5}}}},
+                tags=request.tags,
+            )
+            assert result.success
+            (mat,) = [
+                e.event_specific_data.materialization
+                for e in result.get_asset_materialization_events()
+            ]
+            assert mat.partition == request.partition_key
+            assert mat.metadata["scope"].value == f"producer run {request.partition_key}"
+            assert 0 < mat.metadata["p50_s"].value < 2.0  # streaming, beside the service
+        assert_exactly_once(lake, expected=4000)
+    finally:
+        service.stop(timeout=10)
