@@ -242,7 +242,8 @@ def _input_result(lk: Lake, table: str, report: ProducerReport) -> MaterializeRe
     return MaterializeResult(
         asset_key=table,
         metadata={
-            "rows_written": report.per_table.get(table, 0),
+            "rows_written": report.per_stream.get(table, 0),
+            "partitions": report.partitions,
             "table_rows": table_rows(dt),
             "dagster/row_count": table_rows(dt),
             "delta_version": dt.version(),

@@ -137,8 +137,17 @@ def produce(
         str | None,
         typer.Option(help="Run id; rerun with the same id to resume without duplicates."),
     ] = None,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            help="Partitions per stream (1..64): each a Delta table of its own "
+            "(timezone1-p0 ...). Default: what the lake records (1 for a new lake). A lake "
+            "keeps the number it was first written with.",
+        ),
+    ] = None,
 ) -> None:
-    """Write messages from New York and Paris into timezone1 and timezone2."""
+    """Write messages from New York and Paris into timezone1 and timezone2 (or their
+    partitions: a message goes to partition hash(message id) mod P of its stream)."""
     from deltabus.producer import Producer, ProducerConfig
 
     if duration is None and count is None:
@@ -151,6 +160,7 @@ def produce(
         commit_interval=from_ms(commit_interval_ms),
         seed=seed,
         start_us=parse_instant_us(start_at) if start_at else None,
+        partitions=partitions,
         **extra,
     )
     lk = lake(write=True)
@@ -202,6 +212,24 @@ def etl(
         Path | None, typer.Option(help="Create this file once the dataflow is running.")
     ] = None,
     threads: Annotated[int, typer.Option(help="Pathway worker threads.")] = 1,
+    process: Annotated[
+        int,
+        typer.Option(
+            help="This ETL's index among --processes: it owns partitions i with "
+            "i mod processes == process (like a consumer group member).",
+        ),
+    ] = 0,
+    processes: Annotated[
+        int, typer.Option(help="ETL processes sharing the partitions (1..P).")
+    ] = 1,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            help="Partitions per stream (1..64): each a Delta table of its own "
+            "(timezone1-p0 ...). Default: what the lake records (1 for a new lake). A lake "
+            "keeps the number it was first written with.",
+        ),
+    ] = None,
 ) -> None:
     """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
     from deltabus.etl.pipeline import EtlConfig, run_etl
@@ -214,6 +242,9 @@ def etl(
         expected_producers=producers,
         until_runs=frozenset(until_run or ()),
         threads=threads,
+        process=process,
+        processes=processes,
+        partitions=partitions,
     )
     lk = lake(write=True)
     report = run_etl(lk, config, ready_file=ready_file)

@@ -19,8 +19,10 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus.lake import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE, Lake
+from deltabus.partitions import read_layout
 
 ALL_TABLES = (*INPUT_TABLES, UNIFIED_TABLE, REJECTS_TABLE)
+STREAMS = (*INPUT_TABLES, UNIFIED_TABLE)  # partitioned when the lake's layout says so
 UNIFIED_NET_VIEW = f"{UNIFIED_TABLE}_net"
 NET_SQL = f"""SELECT timestamp, message,
        max(time) FILTER (WHERE diff > 0) AS time,
@@ -58,15 +60,22 @@ def register_delta_views(
     costs more than the queries. With `timezone_unified` comes the `timezone_unified_net`
     view of its net content.
     """
+    layout = read_layout(lake)
     registered = []
     for table in tables:
-        if not lake.exists(table):
+        # A partitioned stream is one view over all of its partition tables.
+        parts = layout.inputs(table) if table in STREAMS else [table]
+        parts = [p for p in parts if lake.exists(p)]
+        if not parts:
             continue
-        con.register(f"{table}__arrow", arrow_source(lake.open(table)))
+        for part in parts:
+            con.register(f"{part}__arrow", arrow_source(lake.open(part)))
+        union = " UNION ALL BY NAME ".join(f'SELECT * FROM "{p}__arrow"' for p in parts)
         kind = "TABLE" if load else "VIEW"
-        con.execute(f'CREATE OR REPLACE TEMP {kind} "{table}" AS SELECT * FROM "{table}__arrow"')
+        con.execute(f'CREATE OR REPLACE TEMP {kind} "{table}" AS {union}')
         if load:
-            con.unregister(f"{table}__arrow")
+            for part in parts:
+                con.unregister(f"{part}__arrow")
         registered.append(table)
         if table == UNIFIED_TABLE:
             con.execute(f'CREATE OR REPLACE TEMP VIEW "{UNIFIED_NET_VIEW}" AS {NET_SQL}')

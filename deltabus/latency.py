@@ -14,6 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from deltabus.lake import UNIFIED_TABLE, Lake
+from deltabus.partitions import read_layout
 
 PERCENTILES: dict[str, float] = {
     "p50": 0.50,
@@ -88,9 +89,13 @@ def unified_samples(lake: Lake) -> pa.Table:
     consumer could see the row, so it is a lower bound of the consumer-observed
     end-to-end latency.
     """
-    dt = lake.open(UNIFIED_TABLE)
-    reader = dt.load_cdf(starting_version=0, ending_version=dt.version())
-    table = pa.table(reader.read_all())
+    changes = []
+    for name in read_layout(lake).unified_tables:  # every partition of the output
+        if name != UNIFIED_TABLE and not lake.exists(name):
+            continue
+        dt = lake.open(name)
+        changes.append(pa.table(dt.load_cdf(starting_version=0, ending_version=dt.version())))
+    table = pa.concat_tables(changes, promote_options="default")
     con = duckdb.connect()
     con.register("cdf", table)
     return con.sql(

@@ -73,6 +73,9 @@ def etl_command(
     producers: int | None = None,
     until_run: str | None = None,
     threads: int | None = None,
+    process: int | None = None,
+    processes: int | None = None,
+    partitions: int | None = None,
     ready_file: Path | None = None,
     prefix: str | None = None,
     as_json: bool = True,
@@ -89,6 +92,10 @@ def etl_command(
         args += ["--until-run", until_run]
     if threads is not None:
         args += ["--threads", str(threads)]
+    if processes is not None:
+        args += ["--process", str(process or 0), "--processes", str(processes)]
+    if partitions is not None:
+        args += ["--partitions", str(partitions)]
     if ready_file is not None:
         args += ["--ready-file", str(ready_file)]
     return deltabus_command(*args, prefix=prefix, as_json=as_json)

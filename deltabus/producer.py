@@ -32,6 +32,7 @@ from deltabus.fast_append import TableAppender
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, check_interval
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, Lake
+from deltabus.partitions import SINGLE, Layout, ensure_layout, partition_of
 from deltabus.retry import retry_storage
 from deltabus.tables import INPUT_SCHEMA, ensure_table, find_commit, meta, metadata
 
@@ -51,6 +52,8 @@ class ProducerConfig:
     seed: int = 0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     start_us: int | None = None  # schedule origin (epoch µs); default: when the run starts
+    # Partitions per stream (deltabus.partitions); None: whatever the lake has (1 if new).
+    partitions: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -90,9 +93,16 @@ class ProducerReport:
     max_lag_s: float
     final_lag_s: float
     resumed_from: int
+    partitions: int = 1
+
+    @property
+    def per_stream(self) -> dict[str, int]:
+        """Messages written per logical stream (summed over its partitions)."""
+        layout = Layout(self.partitions)
+        return {s: sum(self.per_table.get(t, 0) for t in layout.inputs(s)) for s in INPUT_TABLES}
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "per_stream": self.per_stream}
 
 
 def table_choice(seed: int, index: np.ndarray) -> np.ndarray:
@@ -113,8 +123,10 @@ def build_batches(
     lo: int,
     hi: int,
     skip_below: dict[str, int] | None = None,
+    layout: Layout = SINGLE,
 ) -> dict[str, pa.Table]:
-    """Messages [lo, hi) as one Arrow table per timezone table (vectorised, no row loop).
+    """Messages [lo, hi) as one Arrow table per input table (vectorised, no row loop):
+    a seeded choice of time zone, then the partition of the message id's hash.
 
     `skip_below[table]` drops that table's messages with a smaller index: they were
     committed before a restart.
@@ -122,20 +134,24 @@ def build_batches(
     index = np.arange(lo, hi, dtype=np.int64)
     due_us = start_us + np.round(index * (1_000_000.0 / rate)).astype(np.int64)
     choice = table_choice(seed, index)
-    frame = pl.DataFrame({"i": index, "due": due_us, "choice": choice}).with_columns(
+    part = partition_of(run_id, index, layout.partitions)
+    frame = pl.DataFrame({"i": index, "due": due_us, "choice": choice, "part": part}).with_columns(
         pl.col("due").cast(pl.Datetime("us", "UTC")),
         message=pl.lit(f"{run_id}-") + pl.col("i").cast(pl.String),
     )
     out = {}
-    for n, table in enumerate(INPUT_TABLES):
-        floor = (skip_below or {}).get(table, 0)
-        part = frame.filter((pl.col("choice") == n) & (pl.col("i") >= floor)).select(
-            date=pl.col("due")
-            .dt.convert_time_zone(TABLE_ZONES[table])
-            .dt.strftime(DATE_FORMAT_POLARS),
-            message=pl.col("message"),
-        )
-        out[table] = part.to_arrow().cast(INPUT_SCHEMA)
+    for n, stream in enumerate(INPUT_TABLES):
+        for p, table in enumerate(layout.inputs(stream)):
+            floor = (skip_below or {}).get(table, 0)
+            rows = frame.filter(
+                (pl.col("choice") == n) & (pl.col("part") == p) & (pl.col("i") >= floor)
+            ).select(
+                date=pl.col("due")
+                .dt.convert_time_zone(TABLE_ZONES[stream])
+                .dt.strftime(DATE_FORMAT_POLARS),
+                message=pl.col("message"),
+            )
+            out[table] = rows.to_arrow().cast(INPUT_SCHEMA)
     return out
 
 
@@ -157,9 +173,9 @@ MAX_IN_FLIGHT = 3  # commits per table queued behind the one being written
 class _Progress:
     """Counts commits as they complete (on the commit threads) and the lag behind schedule."""
 
-    def __init__(self) -> None:
+    def __init__(self, tables: list[str]) -> None:
         self.commits = 0
-        self.written = dict.fromkeys(INPUT_TABLES, 0)
+        self.written = dict.fromkeys(tables, 0)
         self.lag = 0.0
         self.max_lag = 0.0
         self._lock = threading.Lock()
@@ -178,14 +194,15 @@ class _Progress:
 
 
 class Producer:
-    """Writes the two input tables for one run id."""
+    """Writes the input tables (both streams, every partition) for one run id."""
 
     def __init__(self, lake: Lake, config: ProducerConfig) -> None:
         self.lake = lake
         self.config = config
+        self.layout = Layout(config.partitions or 1)  # the lake's, once `run` reads it
         self.tables: dict[str, DeltaTable] = {}
         self.appenders: dict[str, TableAppender] = {}
-        self.pools = {name: ThreadPoolExecutor(max_workers=1) for name in INPUT_TABLES}
+        self.pools: dict[str, ThreadPoolExecutor] = {}
         self.checkpointers: dict[str, BackgroundCheckpointer] = {}
         self._failed = threading.Event()
 
@@ -255,7 +272,7 @@ class Producer:
         """Refuse input tables that exist with another schema than the contract, before
         anything is written to either table (a foreign table must not get half a run)."""
         expected = _columns(Schema.from_arrow(INPUT_SCHEMA))
-        for name in INPUT_TABLES:
+        for name in self.layout.input_tables:
             present = retry_storage(
                 lambda n=name: self.lake.settled_delta_or_absent(n), what=f"look for {name}"
             )
@@ -272,8 +289,10 @@ class Producer:
                 )
 
     def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:
+        self.layout = ensure_layout(self.lake, self.config.partitions)
         self.check_schemas()
-        for name in INPUT_TABLES:
+        for name in self.layout.input_tables:
+            self.pools[name] = ThreadPoolExecutor(max_workers=1)
             self.tables[name] = retry_storage(
                 lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"
             )
@@ -298,10 +317,11 @@ class Producer:
         if resumed_from:
             log.info("run %s resumes at message %d of %d", cfg.run_id, resumed_from, cfg.total)
         lo = resumed_from
-        stats = _Progress()
+        tables = self.layout.input_tables
+        stats = _Progress(tables)
         last_progress = time.monotonic()
         per_window = cfg.rate * cfg.commit_interval
-        in_flight: dict[str, deque[Future]] = {name: deque() for name in INPUT_TABLES}
+        in_flight: dict[str, deque[Future]] = {name: deque() for name in tables}
         while not finished:
             # The next window closes when its last message comes due (open loop).
             window = math.floor(lo / per_window) + 1
@@ -315,10 +335,17 @@ class Producer:
                 hi = min(cfg.total, max(hi, int((time.time() - start) * cfg.rate)))
             last = hi >= cfg.total
             batches = build_batches(
-                cfg.run_id, cfg.seed, start_us, cfg.rate, lo, hi, skip_below=next_index
+                cfg.run_id,
+                cfg.seed,
+                start_us,
+                cfg.rate,
+                lo,
+                hi,
+                skip_below=next_index,
+                layout=self.layout,
             )
             window_due = start + hi / cfg.rate
-            for name in INPUT_TABLES:
+            for name in tables:
                 batch = batches[name]
                 if next_index[name] >= hi and not last:
                     continue  # committed before a restart
@@ -357,4 +384,5 @@ class Producer:
             max_lag_s=round(max_lag, 3),
             final_lag_s=round(final_lag, 3),
             resumed_from=resumed_from,
+            partitions=self.layout.partitions,
         )

@@ -7,6 +7,7 @@ from pathlib import Path
 from deltabus.duck import UNIFIED_NET_VIEW, lake_connection
 from deltabus.errors import StorageError
 from deltabus.lake import UNIFIED_TABLE, Lake
+from deltabus.partitions import read_layout
 
 RESULT_COLUMNS = ("timestamp", "message", "time", "diff")
 
@@ -19,10 +20,9 @@ def export_results(lake: Lake, out: Path, *, net: bool = False) -> int:
     `diff` per row gives the current content. With `net`, only that net content: each
     row still in the output once, `diff` its multiplicity (1), `time` its last insertion.
     """
-    if not lake.require_delta_or_absent(UNIFIED_TABLE):
-        raise StorageError(
-            f"no unified table at {lake.uri(UNIFIED_TABLE)}", "run `deltabus etl` first"
-        )
+    tables = read_layout(lake).unified_tables
+    if not any([lake.require_delta_or_absent(t) for t in tables]):
+        raise StorageError(f"no unified table at {lake.uri(tables[0])}", "run `deltabus etl` first")
     con = lake_connection(lake, (UNIFIED_TABLE,))
     source = UNIFIED_NET_VIEW if net else UNIFIED_TABLE
     out = Path(out)

@@ -11,7 +11,8 @@ from pathlib import Path
 import polars as pl
 from deltalake import DeltaTable
 
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.lake import UNIFIED_TABLE, Lake
+from deltabus.partitions import read_layout
 
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
 
@@ -22,13 +23,19 @@ def read_table(lake: Lake, table: str) -> pl.DataFrame:
 
 
 def read_inputs(lake: Lake) -> pl.DataFrame:
+    """Both streams, every partition (the lake's recorded layout), with their table."""
+    tables = read_layout(lake).input_tables
     return pl.concat(
-        [read_table(lake, t).with_columns(source=pl.lit(t)) for t in INPUT_TABLES if lake.exists(t)]
+        [read_table(lake, t).with_columns(source=pl.lit(t)) for t in tables if lake.exists(t)]
     )
 
 
 def read_unified(lake: Lake) -> pl.DataFrame:
-    return read_table(lake, UNIFIED_TABLE)
+    """The unified output: its table, or all of its partitions."""
+    tables = [t for t in read_layout(lake).unified_tables if lake.exists(t)]
+    if not tables:
+        return read_table(lake, UNIFIED_TABLE)  # raises the usual "no table" error
+    return pl.concat([read_table(lake, t) for t in tables])
 
 
 def epoch_ms(date: str) -> float:

@@ -13,7 +13,8 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pathway as pw
@@ -32,7 +33,8 @@ from deltabus.intervals import (
     DEFAULT_POLL_INTERVAL_MS,
     check_interval,
 )
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.lake import Lake
+from deltabus.partitions import Layout, ensure_layout, read_layout
 from deltabus.retry import retry_storage
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 
@@ -51,6 +53,13 @@ class EtlConfig:
     until_runs: frozenset[str] = frozenset()
     autocommit_ms: int = 10
     threads: int = 1
+    # This ETL is process `process` of `processes`, and owns the partitions i with
+    # i mod processes == process (deltabus.partitions); 0 of 1 owns them all.
+    process: int = 0
+    processes: int = 1
+    # Partitions per stream when the lake has no layout yet (an ETL started before its
+    # producer); None: the lake's layout.
+    partitions: int | None = None
 
     def __post_init__(self) -> None:
         check_interval(self.commit_interval, "commit interval")
@@ -73,6 +82,7 @@ class EtlReport:
     resumed_from: dict[str, int]
     retractions: int = 0  # rows an input lost (delete, update), written with diff -1
     skipped_change_commits: int = 0  # input commits skipped by DELTABUS_SKIP_CHANGE_COMMITS
+    partitions: list[int] = field(default_factory=lambda: [0])  # the partitions it owned
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,53 +115,55 @@ def unified_expression(batches: pw.Table) -> pw.Table:
     )
 
 
-def run_etl(
+@dataclass
+class _Flow:
+    """One unified partition's part of the dataflow: its input tails and its sink."""
+
+    subjects: list[DeltaTailSubject]
+    sink: DeltaSinkObserver
+    resumed_from: dict[str, int]
+
+
+def _partition_flow(
     lake: Lake,
     config: EtlConfig,
-    stop: threading.Event | None = None,
-    ready_file: Path | None = None,
-) -> EtlReport:
-    """Run the ETL until both inputs finish (bounded) or until `stop` / SIGTERM (continuous).
-
-    `ready_file` is created once the dataflow runs, so a launcher can wait for it.
-    """
-    stop = stop or threading.Event()
-    lake.require_delta_or_absent(UNIFIED_TABLE)  # inputs are checked while waiting for them
-
-    unified = retry_storage(
-        lambda: ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA), what="open timezone_unified"
-    )
+    layout: Layout,
+    partition: int,
+    mode: str,
+    stop: threading.Event,
+    rejects: RejectsWriter,
+    mark_ready: Callable[[], None],
+    epochs: dict[str, int],
+) -> _Flow:
+    """Tail partition `partition` of both inputs into its unified table: claim that table
+    (fencing any older ETL of it), resume from its recorded positions, and add the
+    sources, the transform and the sink to the dataflow."""
+    table = layout.unified_of(partition)
+    inputs = layout.inputs_of(partition)
+    lake.require_delta_or_absent(table)  # inputs are checked while waiting for them
+    unified = retry_storage(lambda: ensure_table(lake, table, UNIFIED_SCHEMA), what=f"open {table}")
     # Claim first, then read positions from the snapshot holding the claim: whatever an
     # older ETL committed before it is included, and anything later it cannot commit.
-    mode = "bounded" if config.bounded else "continuous"
-    lease = claim(unified, UNIFIED_TABLE, UNIFIED_SCHEMA, mode)
-
-    ready_once = threading.Lock()
-
-    def mark_ready() -> None:
-        """Write the ready file (atomically, once) with this ETL's pid and epoch."""
-        if ready_file is None or not ready_once.acquire(blocking=False):
-            return
-        tmp = Path(f"{ready_file}.tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "epoch": lease.epoch, "mode": mode}))
-        tmp.replace(ready_file)
-
-    positions, seq = retry_storage(lambda: recorded_positions(unified), what="read ETL positions")
+    lease = claim(unified, table, UNIFIED_SCHEMA, mode)
+    epochs[table] = lease.epoch
+    positions, seq = retry_storage(
+        lambda: recorded_positions(unified, inputs), what=f"read the positions of {table}"
+    )
     finished = retry_storage(
-        lambda: recorded_finished_runs(unified), what="read finished producer runs"
+        lambda: recorded_finished_runs(unified), what=f"read finished producer runs of {table}"
     )
     log.info(
-        "ETL (%s) on %s: resuming after input versions %s",
+        "ETL (%s) on %s: %s resumes after input versions %s",
         mode,
         lake.settings.describe(),
+        table,
         positions,
     )
-    rejects = RejectsWriter(lake)
     subjects = [
         DeltaTailSubject(
             lake,
-            table,
-            positions[table] + 1,
+            source,
+            positions[source] + 1,
             bounded=config.bounded,
             expected_producers=config.expected_producers,
             until_runs=config.until_runs,
@@ -159,10 +171,10 @@ def run_etl(
             stop=stop,
             rejects=rejects,
             on_start=mark_ready,
-            finished_runs=finished.get(table, set()),
+            finished_runs=finished.get(source, set()),
             skip_change_commits=lake.settings.skip_change_commits,
         )
-        for table in INPUT_TABLES
+        for source in inputs
     ]
     streams = [
         pw.io.python.read(
@@ -174,18 +186,53 @@ def run_etl(
         for subject in subjects
     ]
     unified_rows = unified_expression(pw.Table.concat_reindex(*streams))
-    checkpointer = BackgroundCheckpointer(lake, UNIFIED_TABLE)
     sink = DeltaSinkObserver(
-        TableAppender(lake, UNIFIED_TABLE, unified),
+        TableAppender(lake, table, unified),
         positions,
         config.commit_interval,
         seq,
-        checkpointer,
+        BackgroundCheckpointer(lake, table),
         finished_runs=lambda: {s.table: sorted(s.stats.finished_runs) for s in subjects},
         lease=lease,
         on_failure=lambda _exc: stop.set(),
     )
-    pw.io.python.write(unified_rows, sink, name="delta_timezone_unified")
+    pw.io.python.write(unified_rows, sink, name=f"delta_{table}")
+    return _Flow(subjects, sink, positions)
+
+
+def run_etl(
+    lake: Lake,
+    config: EtlConfig,
+    stop: threading.Event | None = None,
+    ready_file: Path | None = None,
+) -> EtlReport:
+    """Run the ETL until both inputs finish (bounded) or until `stop` / SIGTERM (continuous).
+
+    `ready_file` is created once the dataflow runs, so a launcher can wait for it.
+    """
+    stop = stop or threading.Event()
+    layout = ensure_layout(lake, config.partitions) if config.partitions else read_layout(lake)
+    owned = layout.owned(config.process, config.processes)
+    mode = "bounded" if config.bounded else "continuous"
+    ready_once = threading.Lock()
+    epochs: dict[str, int] = {}
+
+    def mark_ready() -> None:
+        """Write the ready file (atomically, once) with this ETL's pid and epochs."""
+        if ready_file is None or not ready_once.acquire(blocking=False):
+            return
+        tmp = Path(f"{ready_file}.tmp")
+        epoch = next(iter(epochs.values())) if len(epochs) == 1 else epochs
+        tmp.write_text(json.dumps({"pid": os.getpid(), "epoch": epoch, "mode": mode}))
+        tmp.replace(ready_file)
+
+    rejects = RejectsWriter(lake)
+    flows = [
+        _partition_flow(lake, config, layout, i, mode, stop, rejects, mark_ready, epochs)
+        for i in owned
+    ]
+    subjects = [s for flow in flows for s in flow.subjects]
+    sinks = [flow.sink for flow in flows]
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping after the current batch", signum)
@@ -202,24 +249,29 @@ def run_etl(
     except Exception as exc:
         # A connector thread failed: raise its own error (a DeltabusError tells the user
         # what to fix), not Pathway's wrapper around it.
-        if sink.error is not None and sink.error is not exc:
-            raise sink.error from None
+        failed = next((k.error for k in sinks if k.error is not None), None)
+        if failed is not None and failed is not exc:
+            raise failed from None
         raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if sink.error is not None:  # the sources stopped because the sink had failed
-        raise sink.error
+    for sink in sinks:
+        if sink.error is not None:  # the sources stopped because the sink had failed
+            raise sink.error
     elapsed = time.monotonic() - started
+    rows = sum(k.stats.rows for k in sinks)
     return EtlReport(
-        rows=sink.stats.rows,
+        rows=rows,
         rejected=sum(s.stats.rejected for s in subjects),
-        commits=sink.stats.commits,
-        unified_version=sink.stats.version,
+        commits=sum(k.stats.commits for k in sinks),
+        # The unified table's version (P = 1), else the highest of the partitions owned.
+        unified_version=max(k.stats.version for k in sinks),
         elapsed_s=round(elapsed, 3),
-        throughput_rows_s=round(sink.stats.rows / elapsed, 1) if elapsed else 0.0,
-        positions=sink.positions,
-        resumed_from=positions,
+        throughput_rows_s=round(rows / elapsed, 1) if elapsed else 0.0,
+        positions={t: v for k in sinks for t, v in k.positions.items()},
+        resumed_from={t: v for f in flows for t, v in f.resumed_from.items()},
+        partitions=owned,
         retractions=sum(s.stats.retractions for s in subjects),
         skipped_change_commits=sum(s.stats.skipped_change_commits for s in subjects),
     )

@@ -8,6 +8,8 @@ Importing this module does not load Pathway.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from deltalake import DeltaTable
 
 from deltabus.lake import INPUT_TABLES
@@ -21,12 +23,15 @@ def position_marker(table: str) -> str:
     return f"{ETL_APP_ID}@{table}"
 
 
-def recorded_positions(dt: DeltaTable) -> tuple[dict[str, int], int]:
-    """Input positions (-1: nothing read yet) and the next sink sequence number."""
+def recorded_positions(
+    dt: DeltaTable, tables: Sequence[str] = INPUT_TABLES
+) -> tuple[dict[str, int], int]:
+    """Input positions (-1: nothing read yet) of `tables` (the inputs of this unified
+    table: one partition of each stream) and the next sink sequence number."""
     seq = dt.transaction_version(ETL_APP_ID)
     if seq is None:
-        return dict.fromkeys(INPUT_TABLES, -1), 0
-    positions = {t: dt.transaction_version(position_marker(t)) for t in INPUT_TABLES}
+        return dict.fromkeys(tables, -1), 0
+    positions = {t: dt.transaction_version(position_marker(t)) for t in tables}
     if any(v is None for v in positions.values()):
         # Tables written before positions were app transactions: the commit metadata.
         info = find_commit(dt, lambda c: meta(c, "etl.positions") is not None, limit=1000)
