@@ -30,6 +30,7 @@ from assets.operations import maintenance_job
 from deltabus.errors import DeltabusError
 from deltabus.etl.positions import recorded_finished_runs
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE
+from deltabus.partitions import read_layout
 from deltabus.service import lag, other_live_etl
 from resources.etl import REPO_ROOT, EtlServiceResource
 from resources.lake import LakeResource
@@ -88,10 +89,16 @@ REMEMBERED_RUNS = 500
 )
 def unified_commits_sensor(context: SensorEvaluationContext, lake: LakeResource):
     lk = lake.lake()
-    if not lk.exists(UNIFIED_TABLE):
-        return SkipReason(f"no table at {lk.uri(UNIFIED_TABLE)} yet")
-    finished = recorded_finished_runs(lk.open(UNIFIED_TABLE))
-    complete = set.intersection(*(finished.get(t, set()) for t in INPUT_TABLES))
+    layout = read_layout(lk)
+    present = [t for t in layout.unified_tables if lk.exists(t)]
+    if not present:
+        return SkipReason(f"no table at {lk.uri(layout.unified_tables[0])} yet")
+    finished: dict[str, set[str]] = {}
+    for table in present:  # every partition records the runs finished in its inputs
+        for source, runs in recorded_finished_runs(lk.open(table)).items():
+            finished.setdefault(source, set()).update(runs)
+    # A run is finished when its last message reached the output from every input table.
+    complete = set.intersection(*(finished.get(t, set()) for t in layout.input_tables))
     done = json.loads(context.cursor) if context.cursor else []
     new = sorted(complete - set(done))
     if not new:
@@ -184,7 +191,7 @@ def etl_service_sensor(
     restarted = False
     fenced_by = None
     if status.enabled and not status.alive:
-        fenced_by = other_live_etl(lk, status.pid)
+        fenced_by = other_live_etl(lk, status.pids)
         if fenced_by:
             # Relaunching would fence that ETL in turn: two writers taking turns.
             context.log.warning(
@@ -202,11 +209,14 @@ def etl_service_sensor(
     events: list = []
     version = lagging["unified_version"] if lagging else None
     if version is not None and version != before.get("version"):
-        dt = lk.open(UNIFIED_TABLE)
+        versions = lagging["unified_versions"]
         metadata = {
             "mode": "service",
+            # The table's version; with P partitions, the sum of theirs (each is listed).
             "delta_version": int(version),
-            "dagster/row_count": table_rows(dt),
+            "partitions": int(lagging["partitions"]),
+            "etl_processes": len(status.pids),
+            "dagster/row_count": sum(table_rows(lk.open(t)) for t in versions),
             "max_lag_s": float(lagging["max_lag_s"]),
             "data_commits_behind": int(lagging["data_commits_behind"]),
             "service_alive": status.alive,
@@ -214,9 +224,13 @@ def etl_service_sensor(
             "service_restarts": status.restarts,
             "held_by_other_etl": fenced_by or "",
         }
-        for table, t in lagging["tables"].items():
+        if len(versions) > 1:
+            for table, v in versions.items():
+                metadata[f"{table}_version"] = int(v)
+        for table, t in lagging["tables"].items():  # per input partition
             metadata[f"{table}_position"] = int(t["processed_version"])
             metadata[f"{table}_versions_behind"] = int(t["versions_behind"])
+            metadata[f"{table}_lag_s"] = float(t["lag_s"])
         events.append(AssetMaterialization(asset_key=UNIFIED_TABLE, metadata=metadata))
     checks = _health_checks(status.alive, status.enabled, lagging, etl_service)
     outcome = [c.passed for c in checks]

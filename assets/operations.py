@@ -98,30 +98,30 @@ def start_etl_service(
         context.log.info(f"the ETL service is already running (pid {status.pid})")
         return
     lk = lake.lake(check=True)
-    ready = service.state_dir / "etl.ready"
-    ready.unlink(missing_ok=True)
     status = service.start(
         env=lake.subprocess_env(),
-        etl_args=[*etl_service.etl_args(), "--ready-file", str(ready)],
+        etl_args=etl_service.etl_args(),
         prefix=lk.settings.prefix,
         cwd=REPO_ROOT,
+        ready=True,
     )
     try:
-        wait_for_file(
-            ready,
-            lambda: service.status().alive,
-            what="the ETL service",
-            timeout=config.ready_timeout_s,
-            interval=0.2,
-        )
+        for ready in service.ready_files:  # one per ETL process
+            wait_for_file(
+                ready,
+                lambda: service.status().alive,
+                what="the ETL service",
+                timeout=config.ready_timeout_s,
+                interval=0.2,
+            )
     except DeltabusError as exc:
         raise Failure(
             str(exc),
             metadata={"log_tail": MetadataValue.md("```\n" + service.log_tail(30) + "\n```")},
         ) from None
     context.log.info(
-        f"ETL service running (pid {status.pid}) on {lk.settings.describe()}; "
-        f"log: {status.log_file}"
+        f"ETL service running (pids {', '.join(map(str, status.pids))}) on "
+        f"{lk.settings.describe()}; log: {status.log_file}"
     )
 
 

@@ -35,6 +35,7 @@ from assets.common import (
 )
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.lake import INPUT_TABLES, TABLE_ZONES, UNIFIED_TABLE, Lake
+from deltabus.partitions import read_layout
 from deltabus.processes import etl_command, wait_for_file
 from deltabus.producer import Producer, ProducerReport
 from deltabus.producer import ProducerConfig as EngineProducerConfig
@@ -188,7 +189,8 @@ def stream_window(
             if table in selected:
                 yield _input_result(lk, table, report)
     if transform:
-        dt = lk.open(UNIFIED_TABLE)
+        tables = _present(lk, UNIFIED_TABLE)
+        rows = sum(table_rows(lk.open(t)) for t in tables)
         metadata = dict(etl_results[0].metadata or {}) if etl_results else {}
         yield MaterializeResult(
             asset_key=UNIFIED_TABLE,
@@ -196,12 +198,19 @@ def stream_window(
                 **metadata,
                 "mode": mode,
                 **({"producer_run": report.run_id} if report else {}),
-                "table_rows": table_rows(dt),
-                "dagster/row_count": table_rows(dt),
-                "delta_version": dt.version(),
-                "uri": MetadataValue.path(lk.uri(UNIFIED_TABLE)),
+                "partitions": read_layout(lk).partitions,
+                "table_rows": rows,
+                "dagster/row_count": rows,
+                "delta_version": sum(lk.open(t).version() for t in tables),
+                "uri": MetadataValue.path(lk.uri(tables[0])),
             },
         )
+
+
+def _present(lk: Lake, stream: str) -> list[str]:
+    """The stream's table, or its partition tables (deltabus.partitions)."""
+    tables = [t for t in read_layout(lk).inputs(stream) if lk.exists(t)]
+    return tables or [stream]
 
 
 def _refuse_beside_the_service(etl_service: EtlServiceResource) -> None:
@@ -238,15 +247,17 @@ def _produce(context: AssetExecutionContext, lk: Lake, cfg: EngineProducerConfig
 
 
 def _input_result(lk: Lake, table: str, report: ProducerReport) -> MaterializeResult:
-    dt = lk.open(table)
+    parts = [lk.open(t) for t in _present(lk, table)]
+    rows = sum(table_rows(dt) for dt in parts)
     return MaterializeResult(
         asset_key=table,
         metadata={
             "rows_written": report.per_stream.get(table, 0),
             "partitions": report.partitions,
-            "table_rows": table_rows(dt),
-            "dagster/row_count": table_rows(dt),
-            "delta_version": dt.version(),
+            "table_rows": rows,
+            "dagster/row_count": rows,
+            # The table's version; with partitions, the sum of theirs.
+            "delta_version": sum(dt.version() for dt in parts),
             "commits_both_tables": report.commits,
             "achieved_rate_msg_s": report.achieved_rate,
             "target_rate_msg_s": report.target_rate,

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.lake import Lake
+from deltabus.partitions import read_layout
 from deltabus.processes import apply_process_defaults, etl_command, stop_pid
 from deltabus.processes import process_alive as alive
 from deltabus.tables import find_commit, meta
@@ -62,6 +63,7 @@ class ServiceStatus:
     state_dir: str
     log_file: str
     command: list[str] = field(default_factory=list)
+    pids: list[int | None] = field(default_factory=list)  # one per ETL process
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +77,12 @@ class EtlService:
         self.pid_file = self.state_dir / "etl.pid"
         self.log_file = self.state_dir / "etl.log"
         self.state_file = self.state_dir / "service.json"
+        self.ready_file = self.state_dir / "etl.ready"
+
+    @property
+    def ready_files(self) -> list[Path]:
+        """Written by the process once its dataflow runs (`start(ready=True)`)."""
+        return [self.ready_file]
 
     # -- state ------------------------------------------------------------------------
 
@@ -110,6 +118,7 @@ class EtlService:
             state_dir=str(self.state_dir),
             log_file=str(self.log_file),
             command=list(state.get("command", [])),
+            pids=[pid],
         )
 
     def log_tail(self, lines: int = 20) -> str:
@@ -134,15 +143,20 @@ class EtlService:
         etl_args: Sequence[str] = (),
         prefix: str | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        ready: bool = False,
     ) -> ServiceStatus:
         """Start the service (a no-op when it is already alive) and mark it enabled.
 
         `env` (e.g. DELTABUS_* for the lake, with the secret) goes to the process only.
+        With `ready`, the process writes `ready_file` once its dataflow runs.
         """
         current = self.status()
         if current.alive:
             self._save(enabled=True)
             return self.status()
+        if ready:
+            self.ready_file.unlink(missing_ok=True)
+            etl_args = [*etl_args, "--ready-file", str(self.ready_file)]
         command = self.command(prefix, etl_args)
         self._save(enabled=True, command=command, restarts=0)
         self._launch(command, env, cwd)
@@ -195,42 +209,123 @@ class EtlService:
         return self.status()
 
 
+class EtlServiceGroup:
+    """N continuous ETL processes splitting the lake's partitions (process j of N, like
+    the members of a consumer group), each an `EtlService` of its own in `p<j>/` under the
+    state directory; seen from outside as one service."""
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None, processes: int = 2):
+        self.state_dir = Path(state_dir).resolve() if state_dir else default_state_dir()
+        self.processes = processes
+        self.members = [EtlService(self.state_dir / f"p{j}") for j in range(processes)]
+        self.log_file = self.members[0].log_file
+
+    @property
+    def ready_files(self) -> list[Path]:
+        return [m.ready_file for m in self.members]
+
+    def pid(self) -> int | None:
+        return self.members[0].pid()
+
+    def status(self) -> ServiceStatus:
+        each = [m.status() for m in self.members]
+        return ServiceStatus(
+            alive=all(s.alive for s in each),
+            enabled=all(s.enabled for s in each),
+            pid=each[0].pid,
+            started_at=min((s.started_at for s in each if s.started_at), default=None),
+            restarts=sum(s.restarts for s in each),
+            state_dir=str(self.state_dir),
+            log_file=str(self.log_file),
+            command=each[0].command,
+            pids=[s.pid for s in each],
+        )
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(
+            f"[process {j}] {line}"
+            for j, m in enumerate(self.members)
+            for line in m.log_tail(lines).splitlines()
+        )
+
+    def start(
+        self,
+        env: Mapping[str, str] | None = None,
+        etl_args: Sequence[str] = (),
+        prefix: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        ready: bool = False,
+    ) -> ServiceStatus:
+        n = str(self.processes)
+        for j, member in enumerate(self.members):
+            args = [*etl_args, "--process", str(j), "--processes", n]
+            member.start(env, args, prefix, cwd, ready)
+        return self.status()
+
+    def restart(
+        self, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+    ) -> ServiceStatus:
+        """Relaunch the processes that died; the others keep running."""
+        for member in self.members:
+            if not member.status().alive:
+                member.restart(env, cwd)
+        return self.status()
+
+    def stop(self, timeout: float = 30.0) -> ServiceStatus:
+        for member in self.members:
+            member.stop(timeout)
+        return self.status()
+
+
 def process_alive(pid: int | None) -> bool:
     """True while `pid` is a running (not zombie) `deltabus etl` process."""
     return alive(pid, "deltabus", "etl")
 
 
-def other_live_etl(lake: Lake, service_pid: int | None) -> str | None:
-    """Describes the ETL holding the unified table when it is not the service and may run.
+def other_live_etl(lake: Lake, service_pids: int | Sequence[int | None] | None) -> str | None:
+    """Describes an ETL holding the unified table (or a partition of it) that is not the
+    service and may run.
 
     The service's sensor relaunches a dead service, but not when another ETL fenced it
     and still runs (on another host, whether it runs cannot be told: assume it does).
     """
     from deltabus.etl.fence import describe_owner, lease_holder
 
-    if not lake.exists(UNIFIED_TABLE):
-        return None
-    holder = lease_holder(lake.open(UNIFIED_TABLE))
-    if holder is None or holder["alive"] is False:
-        return None
-    owner = holder["owner"] or {}
-    if owner.get("pid") == service_pid and owner.get("host") == socket.gethostname():
-        return None  # the service's own epoch: it died, relaunch it
-    return f"epoch {holder['epoch']}: {describe_owner(holder['owner'])}"
+    ours = {service_pids} if isinstance(service_pids, int) else set(service_pids or ())
+    for table in read_layout(lake).unified_tables:
+        if not lake.exists(table):
+            continue
+        holder = lease_holder(lake.open(table))
+        if holder is None or holder["alive"] is False:
+            continue
+        owner = holder["owner"] or {}
+        if owner.get("pid") in ours and owner.get("host") == socket.gethostname():
+            continue  # the service's own epoch: it died, relaunch it
+        return f"{table} epoch {holder['epoch']}: {describe_owner(holder['owner'])}"
+    return None
 
 
 # -- lag ------------------------------------------------------------------------------
 
 
 def recorded_positions(lake: Lake) -> tuple[dict[str, int], dict[str, Any] | None]:
-    """Input versions the ETL has covered (as the ETL itself reads them), and its last commit."""
+    """Input versions the ETL has covered (as the ETL itself reads them; per input
+    partition table when the lake is partitioned), and its newest commit."""
     from deltabus.etl.positions import recorded_positions as etl_positions
 
-    if not lake.exists(UNIFIED_TABLE):
-        return dict.fromkeys(INPUT_TABLES, -1), None
-    dt = lake.open(UNIFIED_TABLE)
-    positions, _ = etl_positions(dt)
-    return positions, find_commit(dt, lambda c: meta(c, "etl.seq") is not None, limit=200)
+    layout = read_layout(lake)
+    positions: dict[str, int] = dict.fromkeys(layout.input_tables, -1)
+    newest: dict[str, Any] | None = None
+    for i, table in enumerate(layout.unified_tables):
+        if not lake.exists(table):
+            continue
+        dt = lake.open(table)
+        found, _ = etl_positions(dt, layout.inputs_of(i))
+        positions.update(found)
+        last = find_commit(dt, lambda c: meta(c, "etl.seq") is not None, limit=200)
+        if last and (newest is None or last.get("timestamp", 0) > newest.get("timestamp", 0)):
+            newest = last
+    return positions, newest
 
 
 def lag(lake: Lake, now: float | None = None) -> dict[str, Any]:
@@ -242,8 +337,9 @@ def lag(lake: Lake, now: float | None = None) -> dict[str, Any]:
     """
     now = time.time() if now is None else now
     positions, last_etl = recorded_positions(lake)
+    layout = read_layout(lake)
     tables: dict[str, dict[str, Any]] = {}
-    for table in INPUT_TABLES:
+    for table in layout.input_tables:  # per partition when the lake is partitioned
         if not lake.exists(table):
             continue
         dt = lake.open(table)
@@ -265,11 +361,14 @@ def lag(lake: Lake, now: float | None = None) -> dict[str, Any]:
             "data_commits_behind": len(pending),
             "lag_s": round(max(0.0, now - oldest / 1000), 3) if oldest else 0.0,
         }
+    versions = {t: lake.open(t).version() for t in layout.unified_tables if lake.exists(t)}
     return {
         "tables": tables,
-        "unified_version": lake.open(UNIFIED_TABLE).version()
-        if lake.exists(UNIFIED_TABLE)
-        else None,
+        "partitions": layout.partitions,
+        "unified_versions": versions,
+        # One number that moves whenever the output commits: the table's version, or the
+        # sum over its partitions.
+        "unified_version": sum(versions.values()) if versions else None,
         "last_etl_commit_age_s": round(max(0.0, now - last_etl["timestamp"] / 1000), 3)
         if last_etl and last_etl.get("timestamp")
         else None,

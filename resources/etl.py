@@ -9,7 +9,7 @@ from pydantic import Field
 
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.processes import etl_command
-from deltabus.service import EtlService
+from deltabus.service import EtlService, EtlServiceGroup
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,13 +31,20 @@ class EtlServiceResource(ConfigurableResource):
     poll_interval_ms: float = Field(
         default=DEFAULT_POLL_INTERVAL_MS, description="Input polling interval (ms)."
     )
+    processes: int = Field(
+        default=1,
+        description="ETL processes of the service; with P partitions per stream (1..P), "
+        "process j owns partitions i with i mod processes == j.",
+    )
     lag_limit_s: float = Field(
         default=30.0,
         description="The etl_lag_within_limit check fails when timezone_unified is further "
         "behind the inputs than this (seconds).",
     )
 
-    def service(self) -> EtlService:
+    def service(self) -> EtlService | EtlServiceGroup:
+        if self.processes > 1:
+            return EtlServiceGroup(self.state_dir, self.processes)
         return EtlService(self.state_dir)
 
     def etl_args(self) -> list[str]:

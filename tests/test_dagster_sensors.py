@@ -165,7 +165,10 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 
 def caught_up(lake: Lake, rows: int) -> bool:
-    return lake.exists(UNIFIED_TABLE) and read_unified(lake).height >= rows
+    from deltabus.partitions import read_layout
+
+    tables = read_layout(lake).unified_tables  # the table, or its partitions
+    return any(lake.exists(t) for t in tables) and read_unified(lake).height >= rows
 
 
 def test_service_is_started_watched_relaunched_and_stopped(env):
@@ -329,3 +332,55 @@ def test_one_check_and_latency_run_per_producer_run_beside_the_service(env):
         assert_exactly_once(lake, expected=4000)
     finally:
         service.stop(timeout=10)
+
+
+def test_a_service_of_two_processes_on_four_partitions(env):
+    """etl_service_start_job with processes=2 on a lake of 4 partitions per stream: the
+    sensor reports the partition count and the lag per input partition, and relaunches
+    only the process that died; the output is exactly-once."""
+    from assets.automation import etl_service_sensor
+    from definitions import build_definitions
+    from deltabus.partitions import ensure_layout
+    from deltabus.service import EtlServiceGroup
+    from resources.etl import EtlServiceResource
+
+    lake: Lake = env["lake"]
+    ensure_layout(lake, 4)
+    two = {**resources(), "etl_service": EtlServiceResource(processes=2)}
+    defs = build_definitions(two)
+    instance = DagsterInstance.ephemeral()
+    group = EtlServiceGroup(env["tmp"] / "service", 2)
+
+    def observe() -> dict:
+        result = etl_service_sensor(build_sensor_context(resources=two))
+        assert isinstance(result, SensorResult), result
+        (mat,) = [e for e in result.asset_events if isinstance(e, AssetMaterialization)]
+        return {k: v.value for k, v in mat.metadata.items()}
+
+    try:
+        start = defs.resolve_job_def("etl_service_start_job").execute_in_process(instance=instance)
+        assert start.success
+        first = group.status()
+        assert first.alive and len(first.pids) == 2 and len(set(first.pids)) == 2
+        produce(lake, 2000, "grp1")
+        wait_until(lambda: caught_up(lake, 2000), 60, "both processes to write 2000 rows")
+        wait_until(lambda: lag(lake)["data_commits_behind"] == 0, 30, "positions to catch up")
+        seen = observe()
+        assert seen["partitions"] == 4 and seen["etl_processes"] == 2
+        assert seen["dagster/row_count"] == 2000 and seen["service_alive"]
+        for stream in ("timezone1", "timezone2"):
+            for i in range(4):
+                assert seen[f"{stream}-p{i}_lag_s"] == 0.0
+                assert seen[f"{stream}-p{i}_position"] >= 0
+
+        os.kill(first.pids[1], signal.SIGKILL)  # one of the two dies
+        wait_until(lambda: not process_alive(first.pids[1]), 10, "the killed process to go")
+        relaunch = observe()
+        assert relaunch["service_restarted"]
+        after = group.status()
+        assert after.alive and after.pids[0] == first.pids[0] and after.pids[1] != first.pids[1]
+        produce(lake, 1000, "grp2")
+        wait_until(lambda: caught_up(lake, 3000), 60, "the relaunched process to catch up")
+        assert_exactly_once(lake, expected=3000)
+    finally:
+        group.stop(timeout=10)
