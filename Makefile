@@ -55,7 +55,8 @@ test: venv minio-bin kafka-jars  ## run the test suite (starts its own MinIO)
 spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delta/s3a jars from Maven; cached)
 	$(UV) sync --frozen --python 3.11 --group spark --inexact
 	bash platform/spark.sh fetch
-	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q tests/test_spark_interop.py
+	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q tests/test_spark_interop.py \
+	  tests/test_checkpoint_writer.py::test_spark_reads_a_checkpoint_from_memory
 
 chaos: venv minio-bin  ## a 10-minute seeded chaos soak (SIGKILLs, MinIO restarts, second ETLs); SEED=n
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \

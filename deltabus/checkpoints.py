@@ -12,6 +12,12 @@ new checkpoint, which the writer swaps in before its next commit (`refreshed`). 
 releases the GIL for all of it, so the writer's commits and Python threads go on
 meanwhile. A failed checkpoint costs only speed (readers replay more log): it is logged
 and tried again at the next interval.
+
+A writer that reports each version with the actions it committed or read (the fast
+append path, deltabus.fast_append) gets its checkpoints from a `CheckpointWriter`
+instead, which keeps the table state in memory and writes a checkpoint in two PUTs
+with no reads (deltabus.checkpoint_writer). delta-rs remains the fallback: for versions
+reported without actions, for tables that writer does not handle, and after any error.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import zlib
 
 from deltalake import DeltaTable, PostCommitHookProperties
 
+from deltabus.checkpoint_writer import Actions, CheckpointWriter, Unsupported
 from deltabus.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,10 @@ class BackgroundCheckpointer:
         # in the same instant; a per-table offset spreads that work out.
         self.offset = zlib.crc32(table.encode()) % self.interval
         self.written: list[int] = []  # versions checkpointed, for reports and tests
+        self.from_memory: list[int] = []  # those of them the CheckpointWriter wrote
         self.failures = 0
+        self.writer = CheckpointWriter(lake, table)
+        self._from_memory = True  # False once the writer met a table it does not handle
         self._last_due = -1  # highest multiple of `interval` already handled
         self._target = -1  # latest committed version that crossed a multiple
         self._cond = threading.Condition()
@@ -57,8 +67,16 @@ class BackgroundCheckpointer:
         self._thread = threading.Thread(target=self._loop, name=f"checkpoint-{table}", daemon=True)
         self._thread.start()
 
-    def committed(self, version: int) -> None:
-        """A writer committed `version`: checkpoint when it reaches the next interval."""
+    def committed(self, version: int, actions: Actions | None = None) -> None:
+        """`version` was committed: checkpoint when it reaches the next interval.
+
+        `actions` are the version's actions (parse_actions' grouping), from a writer that
+        has them without reading: every version reported with them lets the checkpoint
+        be written from memory. A version reported without them is checkpointed by
+        delta-rs until the state has been reloaded from storage.
+        """
+        if self._from_memory:
+            self.writer.feed(version, actions)
         due = (version + self.offset) // self.interval
         with self._cond:
             if due > self._last_due and version > self._target:
@@ -87,6 +105,8 @@ class BackgroundCheckpointer:
                 return
 
     def _checkpoint(self, target: int) -> None:
+        if self._from_memory and self.writer.follows and self._write_from_memory(target):
+            return
         try:
             if self._dt is None:
                 self._dt = self.lake.open(self.table, version=target)
@@ -111,6 +131,36 @@ class BackgroundCheckpointer:
             self._fresh = fresh
         self.written.append(target)
         log.debug("checkpointed %s at version %d", self.table, target)
+
+    def _write_from_memory(self, target: int) -> bool:
+        """Checkpoint `target` with the CheckpointWriter; False when delta-rs must."""
+        try:
+            written = self.writer.write(target)
+        except Unsupported as exc:
+            self._from_memory = False
+            log.info("%s is checkpointed by delta-rs from now on: %s", self.table, exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 - delta-rs writes this one instead
+            self.writer.reset()
+            log.warning(
+                "checkpoint of %s at version %d from memory failed, delta-rs writes it: %s",
+                self.table,
+                target,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            return False
+        self.written.append(target)
+        self.from_memory.append(target)
+        log.debug(
+            "checkpointed %s at version %d from memory (%d actions, %d bytes%s%s)",
+            self.table,
+            target,
+            written.actions,
+            written.size,
+            ", state reloaded" if written.seeded else "",
+            f", {written.cleaned} expired log files deleted" if written.cleaned else "",
+        )
+        return True
 
     def refreshed(self, dt: DeltaTable) -> DeltaTable:
         """The handle the writer should commit with: a fresh one after a checkpoint.

@@ -15,6 +15,10 @@ the producer's CPU. A streaming writer already knows the version it is at, so
    is retried on top of them: blind appends do not conflict with appends, and a commit
    that changes the protocol or the metadata sends the table back to delta-rs.
 
+Every version it writes or reads is handed, with its actions, to the table's
+`BackgroundCheckpointer` (once an append passed one), which then writes checkpoints
+from memory instead of reading the log back (deltabus.checkpoint_writer).
+
 It writes only where that is all the protocol asks of an append (`eligible`): no
 partition columns, constraints, invariants, generated or identity columns, column
 mapping, row tracking or in-commit timestamps; any other table is appended by delta-rs
@@ -148,6 +152,8 @@ class TableAppender:
         self.store = lake.object_store
         self._version = dt.version()
         self._txns: dict[str, int] = {}  # app transactions committed after `dt`'s version
+        # Told about every version this appender writes or reads, with its actions.
+        self.checkpointer: BackgroundCheckpointer | None = None
         self.protocol, self.metadata = _state_of(dt)
         self.reason = eligible(self.protocol, self.metadata)
         if self.reason:
@@ -191,6 +197,8 @@ class TableAppender:
             except FileNotFoundError:
                 return landed
             actions = parse_actions(raw)
+            if self.checkpointer is not None:
+                self.checkpointer.committed(self._version + 1, actions)
             for txn in actions.get("txn", ()):
                 app, v = str(txn["appId"]), int(txn["version"])
                 self._txns[app] = max(v, self._txns.get(app, v))
@@ -222,7 +230,9 @@ class TableAppender:
 
     def _commit_body(
         self, add: dict[str, Any], transactions: dict[str, int], custom: dict[str, str]
-    ) -> bytes:
+    ) -> tuple[bytes, dict[str, list[dict[str, Any]]]]:
+        """The commit file, and its actions as `parse_actions` would read them back
+        (without the commit info, which checkpoints do not keep)."""
         now = int(time.time() * 1000)
         info: dict[str, Any] = {
             "timestamp": now,
@@ -234,13 +244,10 @@ class TableAppender:
             "operationMetrics": {"numFiles": "1", "numOutputRows": str(add_rows(add))},
             **custom,
         }
-        lines = [{"commitInfo": info}]
-        lines += [
-            {"txn": {"appId": app, "version": v, "lastUpdated": now}}
-            for app, v in transactions.items()
-        ]
-        lines.append({"add": add})
-        return ("\n".join(json.dumps(line, separators=(",", ":")) for line in lines)).encode()
+        txns = [{"appId": app, "version": v, "lastUpdated": now} for app, v in transactions.items()]
+        lines = [{"commitInfo": info}, *({"txn": txn} for txn in txns), {"add": add}]
+        body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode()
+        return body, {"txn": txns, "add": [add]}
 
     def append_once(
         self,
@@ -259,6 +266,8 @@ class TableAppender:
         had already landed. A table that needs more than a plain append, or that another
         writer changed so, is appended by delta-rs."""
         request = _Append(data, app_id, seq, custom_metadata, what, markers, checkpointer, fence)
+        if checkpointer is not None:
+            self.checkpointer = checkpointer
         if self.fast:
             try:
                 return self._fast_append_once(request)
@@ -311,7 +320,7 @@ class TableAppender:
                     raise _NotEligible(self.reason)
             if add is None:  # the data file is written once, whatever the retries
                 add = self._put_data(r.data)
-            body = self._commit_body(add, transactions, r.custom_metadata)
+            body, actions = self._commit_body(add, transactions, r.custom_metadata)
             try:
                 obstore.put(self.store, self._log_path(self._version + 1), body, mode="create")
             except (AlreadyExistsError, PreconditionError) as exc:
@@ -320,7 +329,7 @@ class TableAppender:
             for app, v in transactions.items():
                 self._txns[app] = v
             if r.checkpointer:
-                r.checkpointer.committed(self._version)
+                r.checkpointer.committed(self._version, actions)
             return True
 
         return retry_storage(
