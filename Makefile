@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars minio-bin minio minio-down dagster-home demo test chaos spark lint format bench ui clean
+.PHONY: help venv kafka-jars minio-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,15 +27,23 @@ minio: minio-bin  ## start a local MinIO on loopback and create the bucket (writ
 minio-down:  ## stop the local MinIO
 	$(PY) -m deltabus minio down
 
+postgres: venv  ## start a local PostgreSQL on loopback for the serving sink (writes its DSN to .env)
+	$(PY) -m deltabus postgres up
+
+postgres-down:  ## stop the local PostgreSQL
+	$(PY) -m deltabus postgres down
+
 dagster-home:
 	@mkdir -p $(DAGSTER_HOME)
 	@test -f $(DAGSTER_HOME)/dagster.yaml || cp platform/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 
-demo: minio dagster-home  ## set everything up, run pipeline_job then its producer run's checks + latency through Dagster, print them
+demo: minio postgres dagster-home  ## set everything up, run pipeline_job then its producer run's checks + latency through Dagster, print them
 	@echo "running pipeline_job (one stream window: the ETL transforms as the producer writes), then producer_run_job for its producer run (log: .deltabus/pipeline_job.log)"
 	@set -o pipefail; $(PY) -m assets.launch pipeline_job --then producer_run_job 2>&1 \
 	  | tee .deltabus/pipeline_job.log | $(PY) -m assets.progress \
 	  || { tail -n 40 .deltabus/pipeline_job.log; exit 1; }
+	@echo "serving timezone_unified in PostgreSQL (served_rows next to unified_net_rows):"
+	$(PY) -m deltabus serve postgres --once
 	$(PY) -m assets.report
 
 ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://127.0.0.1:3000

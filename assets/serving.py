@@ -8,10 +8,7 @@ applies a commit twice. A continuously running sink (`deltabus serve postgres --
 keeps the same table current; the checks judge either.
 """
 
-from __future__ import annotations
-
 from dagster import (
-    AssetCheckExecutionContext,
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
@@ -134,7 +131,6 @@ class ServedLagConfig(Config):
     "oldest unified commit it does not hold yet (0 when it holds them all).",
 )
 def served_lag_within_limit(
-    context: AssetCheckExecutionContext,
     config: ServedLagConfig,
     lake: LakeResource,
     postgres: PostgresResource,
@@ -148,9 +144,7 @@ def served_lag_within_limit(
         if passed
         else f"{lag['versions_behind']} unified versions not served, the oldest "
         f"{lag['lag_s']} s old (limit {config.lag_limit_s:g} s)",
-        metadata={
-            k: lag[k] for k in ("position", "unified_version", "versions_behind", "lag_s")
-        },
+        metadata={k: lag[k] for k in ("position", "unified_version", "versions_behind", "lag_s")},
     )
 
 

@@ -309,14 +309,27 @@ def minio_up(
     data_dir: Annotated[Path, typer.Option(help="Where MinIO keeps its data.")] = Path(
         ".deltabus/minio"
     ),
+    nodes: Annotated[
+        int,
+        typer.Option(
+            help="1: a single server. 4 to 16: distributed, erasure-coded MinIO (MinIO's"
+            " minimum is 4 nodes), 2 drives a node, node i on the endpoint's port + i;"
+            " 4 nodes (8 drives, EC:4) keep reading and writing with one node down."
+        ),
+    ] = 1,
 ) -> None:
     """Start a local MinIO for the configured endpoint (loopback only), with its bucket.
 
     Creates .env with a random secret key when no secret is configured yet.
     """
+    from deltabus.devcluster import check_nodes, cluster_up
     from deltabus.devserver import minio_up as up
 
-    print(up(state.env_file, data_dir))
+    check_nodes(nodes)
+    if nodes == 1:
+        print(up(state.env_file, data_dir))
+    else:
+        print(cluster_up(state.env_file, data_dir, nodes))
 
 
 @minio_app.command("down")
@@ -325,8 +338,137 @@ def minio_down(
         ".deltabus/minio"
     ),
 ) -> None:
-    """Stop the local MinIO started by `deltabus minio up`."""
-    from deltabus.devserver import minio_down as down
+    """Stop the local MinIO (all nodes of a distributed one) started by `deltabus minio up`."""
+    from deltabus.devcluster import minio_down as down
+
+    print(down(data_dir))
+
+
+serve_app = typer.Typer(
+    help="Serve the unified stream in an operational database, exactly once.",
+    no_args_is_help=True,
+)
+app.add_typer(serve_app, name="serve")
+postgres_app = typer.Typer(
+    help="A local PostgreSQL server on loopback for development.", no_args_is_help=True
+)
+app.add_typer(postgres_app, name="postgres")
+
+
+def postgres_dsn(dsn: str | None) -> str:
+    """--dsn, else DELTABUS_POSTGRES_DSN; a clear error when neither is set."""
+    from deltabus.cli_state import settings as load
+
+    configured = load().postgres_dsn
+    if dsn:
+        return dsn
+    if configured is None:
+        raise ConfigError(
+            "no PostgreSQL configured for the serving sink",
+            "set DELTABUS_POSTGRES_DSN (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), or "
+            "start a local one with `deltabus postgres up` (make postgres)",
+        )
+    return configured.get_secret_value()
+
+
+@serve_app.command("postgres")
+def serve_postgres(
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow/--once",
+            help="--follow: keep serving new commits until SIGTERM / Ctrl-C; --once: catch "
+            "up to the unified version current at start, then stop.",
+        ),
+    ] = True,
+    dsn: Annotated[
+        str | None,
+        typer.Option(
+            help="libpq connection string; default DELTABUS_POSTGRES_DSN (prefer it: a "
+            "password on a command line is visible to other users of the machine)."
+        ),
+    ] = None,
+    table: Annotated[str, typer.Option(help="The served table (created when missing).")] = (
+        "served_unified"
+    ),
+    poll_interval_ms: Annotated[
+        float, typer.Option(help="Poll timezone_unified for new versions this often (ms).")
+    ] = DEFAULT_POLL_INTERVAL_MS,
+    max_versions: Annotated[
+        int, typer.Option(help="At most this many unified versions per transaction.")
+    ] = 50,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Create this file once the sink is following.")
+    ] = None,
+) -> None:
+    """Keep a PostgreSQL table equal to timezone_unified's net content, exactly once.
+
+    Retractions delete rows, insertions upsert them (key: message); the sink's position
+    (the unified version applied) commits in the same transaction as the rows.
+    """
+    import signal
+    import threading
+
+    from deltabus.serving import pg
+    from deltabus.serving.sink import PostgresSink, ServeConfig
+    from deltabus.serving.target import check_table_name
+
+    if not 1 <= max_versions <= 10_000:
+        raise ConfigError("--max-versions must be 1..10000")
+    config = ServeConfig(
+        table=check_table_name(table),
+        follow=follow,
+        poll_interval=from_ms(poll_interval_ms, "poll interval"),
+        max_versions_per_txn=max_versions,
+        ready_file=ready_file,
+    )
+    url = postgres_dsn(dsn)
+    pg.parse(url)
+    lk = lake()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        report = PostgresSink(lk, url, config, stop).run().as_dict()
+    except Exception as exc:
+        error = pg.user_error(exc, url)
+        if error is None:
+            raise
+        raise type(error)(pg.redact(error.problem, url), error.hint) from None
+    if not follow:  # the served row count next to the unified table's net content
+        from deltabus.serving.compare import unified_net_count
+
+        items = list(report.items())
+        at = [k for k, _ in items].index("served_rows") + 1
+        items.insert(at, ("unified_net_rows", unified_net_count(lk)))
+        report = dict(items)
+    emit("serve report", report)
+
+
+@postgres_app.command("up")
+def postgres_up(
+    data_dir: Annotated[Path, typer.Option(help="Where PostgreSQL keeps its data.")] = Path(
+        ".deltabus/postgres"
+    ),
+) -> None:
+    """Start a local PostgreSQL on loopback for the serving sink.
+
+    Without DELTABUS_POSTGRES_DSN, initialises one with a random password and appends its
+    DSN to .env (mode 600).
+    """
+    from deltabus.dev_postgres import postgres_up as up
+
+    print(up(state.env_file, data_dir))
+
+
+@postgres_app.command("down")
+def postgres_down(
+    data_dir: Annotated[Path, typer.Option(help="The data directory given to `up`.")] = Path(
+        ".deltabus/postgres"
+    ),
+) -> None:
+    """Stop the local PostgreSQL started by `deltabus postgres up`."""
+    from deltabus.dev_postgres import postgres_down as down
 
     print(down(data_dir))
 

@@ -1,4 +1,5 @@
-"""A real MinIO server on loopback, for tests, demos and benchmarks on one machine.
+"""A real MinIO server (or a distributed cluster) on loopback, for tests, demos and
+benchmarks on one machine.
 
 The binary is built once with `go install` at a pinned version and cached; servers
 always bind 127.0.0.1 so nothing started here is reachable from the network.
@@ -8,10 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -146,6 +150,219 @@ class MinioServer:
         self.process = None
 
     def __enter__(self) -> MinioServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# MinIO's documented minimum for a distributed deployment. With 2 drives a node, 4 nodes
+# make one erasure set of 8 drives at EC:4: one node down keeps reads and writes.
+MIN_CLUSTER_NODES = 4
+MAX_CLUSTER_NODES = 16
+# The drive paths go into http:// URLs, so they must need no escaping.
+_URL_SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+=-]*")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports (all held open at once while choosing)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _http_get(url: str, timeout: float = 2) -> tuple[int | None, dict[str, str]]:
+    """Status and lower-cased headers of a GET; (None, {}) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}
+    except OSError:
+        return None, {}
+
+
+class MinioCluster:
+    """Distributed, erasure-coded MinIO on loopback: `nodes` processes, `drives` dirs each.
+
+    Every process gets the same explicit list of drive URLs, which makes one server pool
+    striped over all nodes. (Each argument with `{1...n}` ellipses would be a pool of its
+    own, so per-node ellipses would not spread an object over the nodes.) MINIO_CI_CD lets
+    MinIO use drives on the root disk and keeps each process's buffer pool small.
+    Clients take one endpoint: use a node that is never stopped (a real deployment puts a
+    load balancer in front).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        access_key: str,
+        secret_key: str,
+        nodes: int = MIN_CLUSTER_NODES,
+        drives: int = 2,
+        ports: list[int] | None = None,
+        binary: Path | None = None,
+    ) -> None:
+        if not MIN_CLUSTER_NODES <= nodes <= MAX_CLUSTER_NODES:
+            raise DeltabusError(
+                f"a distributed MinIO needs {MIN_CLUSTER_NODES} to {MAX_CLUSTER_NODES} nodes,"
+                f" got {nodes}",
+                "use 1 node for a single server",
+            )
+        if drives < 1:
+            raise DeltabusError(f"each node needs at least one drive, got {drives}")
+        self.root = Path(root).resolve()
+        if not _URL_SAFE_PATH.fullmatch(str(self.root)):
+            raise DeltabusError(
+                f"MinIO drive path {self.root} does not fit in a URL",
+                "use a data directory of letters, digits and ._-/ only",
+            )
+        self.ports = list(ports) if ports else free_ports(nodes)
+        if len(self.ports) != nodes or len(set(self.ports)) != nodes:
+            raise DeltabusError(f"need {nodes} distinct ports, got {self.ports}")
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self.drives = drives
+        self.binary = binary or build_minio()
+        self.processes: list[subprocess.Popen | None] = [None] * nodes
+
+    @property
+    def nodes(self) -> int:
+        return len(self.ports)
+
+    def node_endpoint(self, node: int) -> str:
+        return f"http://127.0.0.1:{self.ports[node]}"
+
+    @property
+    def endpoint(self) -> str:
+        """Node 0's endpoint: the one to give clients (never kill node 0 under them)."""
+        return self.node_endpoint(0)
+
+    def drive_dirs(self, node: int) -> list[Path]:
+        return [self.root / f"n{node + 1}" / f"d{d + 1}" for d in range(self.drives)]
+
+    def drive_urls(self) -> list[str]:
+        return [
+            f"{self.node_endpoint(n)}{path}"
+            for n in range(self.nodes)
+            for path in self.drive_dirs(n)
+        ]
+
+    def command(self, node: int) -> list[str]:
+        """The exact command line of one node (the same drive list on every node)."""
+        address = f"127.0.0.1:{self.ports[node]}"
+        return [str(self.binary), "server", "--address", address, "--quiet", *self.drive_urls()]
+
+    def log_path(self, node: int) -> Path:
+        return self.root / f"minio-n{node + 1}.log"
+
+    def _env(self, node: int) -> dict[str, str]:
+        return {
+            **os.environ,
+            # In a container (/.dockerenv) MinIO waits for loopback endpoints to resolve
+            # elsewhere; this names the endpoint host that is this node's own.
+            "_MINIO_SERVER_LOCAL": f"127.0.0.1:{self.ports[node]}",
+            "MINIO_ROOT_USER": self.access_key,
+            "MINIO_ROOT_PASSWORD": self.secret_key,
+            "MINIO_BROWSER": "off",
+            "MINIO_UPDATE": "off",
+            "MINIO_CALLHOME_ENABLE": "off",
+            "MINIO_CI_CD": "1",
+        }
+
+    def start_node(self, node: int) -> subprocess.Popen:
+        """Start one node's process (it joins the others; no wait here)."""
+        for path in self.drive_dirs(node):
+            path.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path(node), "ab") as log_file:
+            proc = subprocess.Popen(
+                self.command(node),
+                env=self._env(node),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes[node] = proc
+        return proc
+
+    def start(self, timeout: float = 120) -> MinioCluster:
+        for node in range(self.nodes):
+            self.start_node(node)
+        try:
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_healthy(self, timeout: float = 120, node: int = 0) -> None:
+        """Wait until `node` reports the cluster healthy: it has write quorum."""
+        url = f"{self.node_endpoint(node)}/minio/health/cluster"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for n, proc in enumerate(self.processes):
+                if proc is not None and proc.poll() is not None:
+                    raise DeltabusError(
+                        f"MinIO node {n + 1} exited with status {proc.returncode}",
+                        f"see {self.log_path(n)}",
+                    )
+            if _http_get(url)[0] == 200:
+                return
+            time.sleep(0.2)
+        raise DeltabusError(
+            f"distributed MinIO was not healthy within {timeout}s", f"see {self.root}/*.log"
+        )
+
+    def health(self, node: int = 0) -> dict[str, int | None]:
+        """`node`'s view of the cluster: HTTP status of the write and read health checks
+        (200 or 503) and the write and read quorums (in drives) MinIO reports."""
+        base = f"{self.node_endpoint(node)}/minio/health/cluster"
+        write_status, write = _http_get(base)
+        read_status, read = _http_get(f"{base}/read")
+
+        def quorum(headers: dict[str, str], name: str) -> int | None:
+            value = headers.get(name)
+            return int(value) if value and value.isdigit() else None
+
+        return {
+            "write_status": write_status,
+            "read_status": read_status,
+            "write_quorum": quorum(write, "x-minio-write-quorum"),
+            "read_quorum": quorum(read, "x-minio-read-quorum"),
+        }
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL one node, as a crash or a power cut would stop it."""
+        proc = self.processes[node]
+        if proc is None:
+            return
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.processes[node] = None
+
+    def restart_node(self, node: int, timeout: float = 120) -> None:
+        """Start a stopped node again and wait until it serves the cluster itself."""
+        self.start_node(node)
+        self.wait_healthy(timeout, node=node)
+
+    def stop(self) -> None:
+        procs = [p for p in self.processes if p is not None]
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.processes = [None] * self.nodes
+
+    def __enter__(self) -> MinioCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     notify: bool = False
     # Longest pause between polls of a table that has gone quiet (milliseconds).
     idle_poll_ms: float = Field(1000.0, ge=1, le=60_000, allow_inf_nan=False)
+    # PostgreSQL the serving sink writes to (`deltabus serve postgres`), as a libpq URI or
+    # key=value string; holds a password, so it is a secret. None: a local server is started.
+    postgres_dsn: SecretStr | None = None
 
     @field_validator("prefix")
     @classmethod
@@ -133,6 +136,8 @@ class Settings(BaseSettings):
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)
         if self.secret_key is not None:
             env["DELTABUS_SECRET_KEY"] = self.secret_key.get_secret_value()
+        if self.postgres_dsn is not None:
+            env["DELTABUS_POSTGRES_DSN"] = self.postgres_dsn.get_secret_value()
         return env
 
     def with_prefix(self, prefix: str) -> Settings:
@@ -204,6 +209,8 @@ def _describe(err: Any) -> str:
     alias = info.validation_alias
     variable = alias.choices[0] if isinstance(alias, AliasChoices) else f"DELTABUS_{field.upper()}"
     shown = ""
-    if field != "secret_key" and isinstance(err.get("input"), str | int | float):
+    if field not in ("secret_key", "postgres_dsn") and isinstance(
+        err.get("input"), str | int | float
+    ):
         shown = f"={str(err['input'])[:80]!r}"
     return f"{field} ({variable}{shown}): {err['msg']}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from resources.duck import delta_views, duckdb_resource
 from resources.etl import EtlServiceResource, etl_command
 from resources.lake import LakeResource
+from resources.postgres import PostgresResource, postgres_resource
 from resources.s3 import ensure_bucket, list_table_objects, minio_s3_resource
 
 
@@ -20,12 +21,15 @@ def default_resources() -> dict[str, object]:
         "s3": minio_s3_resource(),
         "duck": duckdb_resource(),
         "etl_service": EtlServiceResource(),
+        # The serving sink's database (DELTABUS_POSTGRES_DSN), for served_unified only.
+        "postgres": postgres_resource(),
     }
 
 
 __all__ = [
     "EtlServiceResource",
     "LakeResource",
+    "PostgresResource",
     "default_resources",
     "delta_views",
     "duckdb_resource",

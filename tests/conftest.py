@@ -20,6 +20,7 @@ from deltabus.settings import Settings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"
+pytest_plugins = ["tests.pg_fixture"]
 
 apply_process_defaults()
 os.environ.setdefault("DELTABUS_RETRY_MAX_WAIT_S", "60")

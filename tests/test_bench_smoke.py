@@ -125,6 +125,26 @@ def kafka_ready() -> bool:
 
 
 @pytest.mark.skipif(not kafka_ready(), reason="needs Java 17 and `platform/kafka.sh fetch`")
+def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
+    """Two partitions per stream, two ETL processes splitting them: every message seen
+    once through the consumer of both unified partitions, each ETL's CPU reported."""
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1"]
+    args += ["--partitions", "2", "--etl-processes", "2"]
+    args += ["--profile", "100ms", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    result = run_cli(args, lake_env(lake), tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_report(out, ("delta",), 2000, 6000)
+    detail = json.loads((out / "runs" / "delta-2000.json").read_text())
+    assert detail["errors"] == [] and detail["checks"]["produced_rows"] == 8000
+    assert detail["partitions"] == 2 and detail["etl_processes"] == 2
+    assert {"etl", "etl 1"} <= set(detail["cost"]["cpu_s_per_million_msgs"])
+    assert sorted(p for r in detail["etl_reports"] for p in r["partitions"]) == [0, 1]
+    run_lake = Lake(lake.settings.with_prefix(detail["lake_prefix"]))
+    assert run_lake.exists("timezone_unified-p0") and run_lake.exists("timezone_unified-p1")
+
+
 def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
     """The same workload over a real Kafka broker and Pathway's Kafka connectors."""
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))

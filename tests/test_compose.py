@@ -42,6 +42,12 @@ def _docker_compose() -> str:
 
 
 def _run_config(env_vars: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return _run_compose(env_vars, tmp_path, "config", "-q")
+
+
+def _run_compose(
+    env_vars: dict[str, str], tmp_path: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
     # A clean environment plus an empty env file, so neither the caller's shell nor a
     # developer's .env in the repo root can supply (or mask) a variable.
     env_file = tmp_path / "empty.env"
@@ -49,7 +55,7 @@ def _run_config(env_vars: dict[str, str], tmp_path: Path) -> subprocess.Complete
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
     env.update(env_vars)
     return subprocess.run(
-        [_docker_compose(), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config", "-q"],
+        [_docker_compose(), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -118,3 +124,35 @@ def test_no_hard_coded_secrets() -> None:
             assert re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]*\}", str(value)), (
                 f"service {name}: {key} must come from a required variable, got {value!r}"
             )
+
+
+DISTRIBUTED_MINIO = ["minio1", "minio2", "minio3", "minio4"]
+
+
+def test_distributed_profile_renders_four_minio_nodes(tmp_path: Path) -> None:
+    result = _run_compose(dict(REQUIRED_ENV), tmp_path, "--profile", "distributed", "config")
+    assert result.returncode == 0, result.stdout + result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in DISTRIBUTED_MINIO:
+        svc = services[name]
+        assert svc["command"].startswith("server http://minio{1...4}/data{1...2}"), name
+        targets = sorted(str(v).split(":")[1] for v in svc["volumes"])
+        assert targets == ["/data1", "/data2"], (name, svc["volumes"])
+        assert svc["environment"]["MINIO_ROOT_USER"] == REQUIRED_ENV["MINIO_S3_ACCESS_KEY"]
+    assert "minio-dist-init" in services
+    listed = _run_compose(
+        dict(REQUIRED_ENV), tmp_path, "--profile", "distributed", "config", "--services"
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert set(DISTRIBUTED_MINIO) <= set(listed.stdout.split())
+
+
+def test_distributed_profile_leaves_the_default_stack_alone() -> None:
+    services = _compose()["services"]
+    profiled = {name for name, svc in services.items() if svc.get("profiles")}
+    assert profiled == {*DISTRIBUTED_MINIO, "minio-dist-init"}
+    assert all(services[name]["profiles"] == ["distributed"] for name in profiled)
+    for name, svc in services.items():
+        if name not in profiled:
+            assert not set(svc.get("depends_on") or {}) & profiled, name
+    assert "minio" in services and "minio-init" in services

@@ -29,6 +29,7 @@ def every_field_changed(tmp_path: Path) -> Settings:
         skip_change_commits=True,
         notify=True,
         idle_poll_ms=250,
+        postgres_dsn=SecretStr("postgresql://someone:pg-s3cr3t@127.0.0.1:5999/served"),
     )
     defaults = Settings.model_construct()
     same = [f for f in Settings.model_fields if getattr(changed, f) == getattr(defaults, f)]

@@ -90,11 +90,11 @@ def delta_inputs(lake) -> pa.Table:
     """Every message in the input tables' current content: message, sent_ms (its `date`),
     input_commit_ms, from the message's first insertion (a message an input deleted is
     not in its current content)."""
-    from deltabus.lake import INPUT_TABLES
+    from deltabus.partitions import read_layout
     from deltabus.producer import DATE_FORMAT_POLARS
 
     frames = []
-    for table in INPUT_TABLES:
+    for table in read_layout(lake).input_tables:  # every partition of both streams
         if not lake.exists(table):
             continue
         frame = _input_rows(lake, table)

@@ -64,6 +64,17 @@ def bench(
         int,
         typer.Option(help="Concurrent producers on the same tables (distinct run ids, rate/K)."),
     ] = 1,
+    partitions: Annotated[
+        int,
+        typer.Option(
+            help="Partitions per stream (each its own Delta table; the unified output is "
+            "partitioned alike). 1: the original layout.",
+        ),
+    ] = 1,
+    etl_processes: Annotated[
+        int,
+        typer.Option(help="ETL processes splitting the partitions (1..partitions)."),
+    ] = 1,
     producer_mode: Annotated[
         str,
         typer.Option(
@@ -122,6 +133,15 @@ def bench(
     progress: Annotated[
         bool, typer.Option(help="Live progress on stderr (a terminal only; else log lines).")
     ] = True,
+    serve: Annotated[
+        str | None,
+        typer.Option(
+            help="postgres: also run the serving sink (`deltabus serve postgres --follow`) "
+            "and report the stage 'unified commit -> visible in PostgreSQL', its verdict and "
+            "CPU (sink and PostgreSQL). Uses DELTABUS_POSTGRES_DSN, else a throwaway "
+            "PostgreSQL on loopback. Delta backbone only."
+        ),
+    ] = None,
 ) -> None:
     from deltabus import cli_state as cli
     from deltabus.bench.config import BenchConfig, parse_backbones, parse_profile, parse_rates
@@ -136,6 +156,8 @@ def bench(
         seed=seed,
         backbones=parse_backbones(backbone),
         producers=producers,
+        partitions=partitions,
+        etl_processes=etl_processes,
         producer_mode=producer_mode,
         backlog_drain=backlog_drain,
         drain_signal=drain_signal,
@@ -147,6 +169,7 @@ def bench(
         etl_poll_ms=etl_poll_ms,
         interval_s=interval,
         idle_s=idle_s,
+        serve=serve.strip().lower() if serve else None,
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
     report = run(config, cli.settings(), local_minio=local_minio, show_progress=progress)
@@ -159,6 +182,8 @@ def bench(
         if "\n## Cost per message" in text:  # the cost table beside the latency table
             cost = text.split("\n## Cost per message")[1].split("\n## ")[0]
             print("\n## Cost per message" + cost.rstrip())
+        if "\nServing stage" in text:  # --serve postgres
+            print("\nServing stage" + text.split("\nServing stage")[1].split("\n## ")[0].rstrip())
         print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")
     if errors:
         for e in errors:

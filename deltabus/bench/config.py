@@ -59,6 +59,8 @@ class BenchConfig:
     seed: int = 0
     backbones: tuple[str, ...] = ("delta",)
     producers: int = 1
+    partitions: int = 1  # per stream (deltabus.partitions); the unified output alike
+    etl_processes: int = 1  # ETL processes splitting the partitions
     producer_mode: str = "process"  # "process" or "inline"
     backlog_drain: float = 0.0  # seconds the ETL is down under load (0: no drain scenario)
     drain_signal: str = "term"  # "term": SIGTERM + restart; "stop": SIGSTOP + SIGCONT
@@ -70,6 +72,7 @@ class BenchConfig:
     etl_poll_ms: float | None = None  # None: the ETL's own default
     interval_s: float = 1.0  # bucket of the latency-over-time plots
     idle_s: float = 0.0  # after the run, measure the cost of the idle pipeline this long
+    serve: str | None = None  # "postgres": the serving sink as a stage (deltabus.bench.serving)
     command: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -82,6 +85,15 @@ class BenchConfig:
             )
         if self.producers < 1:
             raise ConfigError("--producers must be at least 1")
+        if not 1 <= self.partitions <= 64:
+            raise ConfigError(f"--partitions must be 1..64, got {self.partitions}")
+        if not 1 <= self.etl_processes <= self.partitions:
+            raise ConfigError(
+                f"--etl-processes must be 1..{self.partitions} (at most one per partition), "
+                f"got {self.etl_processes}"
+            )
+        if self.etl_processes > 1 and self.backlog_drain:
+            raise ConfigError("--backlog-drain runs with one ETL process (--etl-processes 1)")
         if self.producer_mode not in ("process", "inline"):
             raise ConfigError("--producer-mode must be process or inline")
         if self.backlog_drain < 0:
@@ -102,6 +114,8 @@ class BenchConfig:
             raise ConfigError("--grace must be positive")
         if not 1 <= self.consumer_poll_ms <= 10_000:
             raise ConfigError("--poll-ms must be 1..10000")
+        if self.serve not in (None, "postgres"):
+            raise ConfigError(f"--serve {self.serve!r} is not postgres")
         for rate in self.rates:
             if rate % self.producers and rate / self.producers < 1:
                 raise ConfigError(f"rate {rate} split over {self.producers} producers is < 1")

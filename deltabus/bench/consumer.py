@@ -154,8 +154,11 @@ class DeltaUnifiedConsumer(TailConsumer):
 
     DATA_COLUMNS = ["message", "timestamp", "time", "diff"]
 
-    def __init__(self, lake, poll_s: float, stats: LiveStats) -> None:
-        super().__init__(poll_s, stats, name="unified-consumer")
+    def __init__(self, lake, poll_s: float, stats: LiveStats, table: str | None = None) -> None:
+        from deltabus.lake import UNIFIED_TABLE
+
+        self.table_name = table or UNIFIED_TABLE
+        super().__init__(poll_s, stats, name=f"consumer-{self.table_name}")
         self.lake = lake
         self.dt = None
         self.next_version = 0  # 0: the version after the current one when it starts
@@ -164,17 +167,17 @@ class DeltaUnifiedConsumer(TailConsumer):
         self._pacer = None
 
     def setup(self) -> None:
-        from deltabus.lake import UNIFIED_TABLE
         from deltabus.pacing import Pacer
         from deltabus.retry import retry_storage
         from deltabus.tail import DeltaLogTail
 
-        dt = retry_storage(lambda: self.lake.open(UNIFIED_TABLE), what="open unified")
+        table = self.table_name
+        dt = retry_storage(lambda: self.lake.open(table), what=f"open {table}")
         self.dt = dt
         if self.next_version <= 0:
             self.next_version = dt.version() + 1
-        self._tail = DeltaLogTail(self.lake, UNIFIED_TABLE, columns=self.DATA_COLUMNS)
-        self._pacer = Pacer(self.lake, UNIFIED_TABLE, self.poll_s, self.stop_event)
+        self._tail = DeltaLogTail(self.lake, table, columns=self.DATA_COLUMNS)
+        self._pacer = Pacer(self.lake, table, self.poll_s, self.stop_event)
         # The table state before the first version to read, loaded now, not on the hot path.
         tail = self._tail
         retry_storage(lambda: tail.start(self.next_version), what="read the unified table state")
@@ -220,6 +223,50 @@ class DeltaUnifiedConsumer(TailConsumer):
             diff=pl.col("diff").cast(pl.Int64),
         )
         return frame.to_arrow().cast(SEEN_SCHEMA)
+
+
+class PartitionedConsumer:
+    """One `DeltaUnifiedConsumer` per unified partition, seen as one consumer by the runner:
+    a reader of a partitioned stream reads every partition (as a Kafka consumer of every
+    partition of a topic would)."""
+
+    def __init__(self, lake, poll_s: float, stats: LiveStats, tables: list[str]) -> None:
+        self.parts = [DeltaUnifiedConsumer(lake, poll_s, stats, table=t) for t in tables]
+        self.next_versions: dict[str, int] = {}
+        self.ready = threading.Event()
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.parts)
+
+    @property
+    def inserted(self) -> int:
+        return sum(c.inserted for c in self.parts)
+
+    @property
+    def last_progress(self) -> float:
+        return max(c.last_progress for c in self.parts)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((c.error for c in self.parts if c.error is not None), None)
+
+    def start(self) -> None:
+        for c in self.parts:
+            c.next_version = self.next_versions.get(c.table_name, 0)
+            c.start()
+        for c in self.parts:
+            c.ready.wait(60)
+        self.ready.set()
+
+    def stop(self, timeout: float = 30) -> None:
+        for c in self.parts:
+            c.stop_event.set()
+        for c in self.parts:
+            c.join(timeout)
+
+    def table(self) -> pa.Table:
+        return pa.concat_tables([c.table() for c in self.parts])
 
 
 class KafkaUnifiedConsumer(TailConsumer):

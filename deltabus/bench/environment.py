@@ -93,6 +93,25 @@ def process_cpu_s(pid: int) -> float | None:
     return times.user + times.system
 
 
+def process_tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds of `pid`, its children that ended (reaped) and those still running:
+    a server that forks a process per connection (PostgreSQL) as one component."""
+    try:
+        proc = psutil.Process(pid)
+        t = proc.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        children = proc.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    for child in children:
+        try:
+            c = child.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += c.user + c.system
+    return total
+
+
 def machine_busy() -> tuple[float, float] | None:
     """(busy, total) CPU seconds of all CPUs since boot (idle and I/O wait are not busy)."""
     times = psutil.cpu_times()
@@ -109,22 +128,28 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.pids: dict[str, int] = {}
+        self.trees: set[str] = set()  # names measured with their child processes
         self._start: dict[str, float] = {}
         self._end: dict[str, float] = {}
         self._t0 = self._t1 = 0.0
         self._m0: tuple[float, float] | None = None
         self._m1: tuple[float, float] | None = None
 
-    def watch(self, name: str, pid: int | None) -> None:
+    def watch(self, name: str, pid: int | None, tree: bool = False) -> None:
         if pid is None:
             return
         self.pids[name] = pid
+        if tree:
+            self.trees.add(name)
         if self._t0:  # started already: measure from now on
-            self._start[name] = process_cpu_s(pid) or 0.0
+            self._start[name] = self._cpu_s(name, pid) or 0.0
+
+    def _cpu_s(self, name: str, pid: int) -> float | None:
+        return process_tree_cpu_s(pid) if name in self.trees else process_cpu_s(pid)
 
     def sample(self, name: str) -> None:
         """Record a process's CPU now (call before it exits)."""
-        value = process_cpu_s(self.pids[name]) if name in self.pids else None
+        value = self._cpu_s(name, self.pids[name]) if name in self.pids else None
         if value is not None:
             self._end[name] = value
 
@@ -132,7 +157,7 @@ class CpuMeter:
         self._t0 = time.monotonic()
         self._m0 = machine_busy()
         for name, pid in self.pids.items():
-            self._start[name] = process_cpu_s(pid) or 0.0
+            self._start[name] = self._cpu_s(name, pid) or 0.0
 
     def stop(self) -> None:
         self._t1 = time.monotonic()

@@ -52,6 +52,8 @@ class RunState:
     timings: dict = field(default_factory=dict)
     requests: dict | None = None  # object-store requests per second by class (MinIO metrics)
     idle: dict | None = None  # cost with the pipeline running and no traffic
+    served: pa.Table | None = None  # --serve: when each message became visible in PostgreSQL
+    serving_report: dict | None = None  # --serve: the sink's own report
 
 
 def evaluate_run(
@@ -140,6 +142,8 @@ def evaluate_run(
             **({"idle": state.idle} if state.idle else {}),
         },
     }
+    if state.served is not None:
+        summary["serving"] = _serving(cfg, state, samples, errors)
     detail: dict[str, Any] = {
         **summary,
         "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
@@ -151,6 +155,8 @@ def evaluate_run(
         "producers": [vars(s) | {"total": s.total} for s in state.specs],
         "producer_reports": state.producer_reports,
         "producer_mode": cfg.producer_mode,
+        "partitions": cfg.partitions,
+        "etl_processes": cfg.etl_processes,
         "etl_reports": state.etl_reports,
         "cpu": state.cpu,
         "timings": state.timings,
@@ -207,6 +213,29 @@ def evaluate_run(
         f", {summary['verdict'].upper()}" if summary["verdict"] != KEEPING_UP else "",
     )
     return summary, detail
+
+
+def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> dict:
+    """--serve: the serving stage, its verdict and its CPU (deltabus.bench.serving)."""
+    from deltabus.bench.serving import serving_summary
+
+    assert state.served is not None
+    out = serving_summary(
+        samples,
+        state.served,
+        warmup_s=cfg.warmup,
+        interval_s=cfg.interval_s,
+        classify=lambda series, p99: classify(series, cfg.warmup, p99, cfg.commit_interval),
+    )
+    out["cpu_pct_of_one_core"] = {
+        k: state.cpu[k] for k in ("serve sink", "postgresql") if k in state.cpu
+    }
+    out["sink_report"] = state.serving_report
+    if out["not_served"]:
+        errors.append(
+            f"{out['not_served']} message(s) seen in timezone_unified but never in PostgreSQL"
+        )
+    return out
 
 
 def _expected(specs: list[ProducerSpec], start_ms: float) -> pl.DataFrame:

@@ -59,13 +59,26 @@ def anchor(profile: str, rate: int) -> tuple[float, float, bool] | None:
 
 def report_json(profile: str, machine: str, command: str, runs: list[dict]) -> dict[str, Any]:
     """Exactly {profile, machine, command, runs: [...]} with the documented run keys."""
-    return {
+    report = {
         "profile": profile,
         "machine": machine,
         "command": command,
-        "runs": [{k: run[k] for k in RUN_KEYS} for run in runs],
+        "runs": [
+            {k: run[k] for k in RUN_KEYS}
+            | ({"serving": run["serving"]} if "serving" in run else {})
+            for run in runs
+        ],
         "highest_keeping_up_rate": highest_keeping_up(runs),
     }
+    serving = [r for r in runs if "serving" in r]
+    if serving:  # --serve postgres: the sink's own verdict
+        report["highest_keeping_up_rate"]["postgres serving"] = highest_keeping_up(
+            [
+                {"backbone": "s", "rate": r["rate"], "verdict": r["serving"]["verdict"]}
+                for r in serving
+            ]
+        ).get("s")
+    return report
 
 
 def highest_keeping_up(runs: list[dict]) -> dict[str, int | None]:
@@ -150,6 +163,34 @@ def cost_markdown(runs: list[dict]) -> list[str]:
     return lines
 
 
+def serving_markdown(runs: list[dict]) -> list[str]:
+    """--serve postgres: the stage unified commit → visible in PostgreSQL, with the verdict
+    and CPU of the sink and of PostgreSQL (empty without --serve)."""
+    served = [r for r in runs if "serving" in r]
+    if not served:
+        return []
+    lines = [
+        "",
+        "Serving stage (`--serve postgres`): unified commit → visible in PostgreSQL (a reader "
+        "polling the served table), p50 / p99 (s); the verdict applies the keeping-up rule to "
+        "sent → visible in PostgreSQL.",
+        "",
+        "| backbone | rate | unified commit→PostgreSQL | sent→PostgreSQL | not served "
+        "| verdict | CPU % of one core |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in served:
+        s = r["serving"]
+        st, e2e = s["unified_commit_to_postgres"], s["sent_to_postgres"]
+        cpu = ", ".join(f"{k} {v}" for k, v in s.get("cpu_pct_of_one_core", {}).items())
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | {_pair(st['p50'], st['p99'])} | "
+            f"{_pair(e2e['p50'], e2e['p99'])} | {s['not_served']:,} | {s['verdict']} | "
+            f"{cpu or '—'} |"
+        )
+    return lines
+
+
 def report_markdown(
     profile: str,
     machine: str,
@@ -229,6 +270,7 @@ def report_markdown(
             + " | ".join(cells)
             + f" | {_pair(r['p50'], r['p99'])} |"
         )
+    lines += serving_markdown(runs)
     lines += ["", "## Run details", ""]
     for r, d in zip(runs, details, strict=True):
         lines.append(f"### {r['backbone']} at {r['rate']:,} msg/s")

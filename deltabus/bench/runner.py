@@ -26,14 +26,20 @@ from deltabus.bench.analysis import (
     delta_inputs,
 )
 from deltabus.bench.config import BenchConfig
-from deltabus.bench.consumer import DeltaUnifiedConsumer, KafkaUnifiedConsumer, LiveStats
+from deltabus.bench.consumer import (
+    DeltaUnifiedConsumer,
+    KafkaUnifiedConsumer,
+    LiveStats,
+    PartitionedConsumer,
+)
 from deltabus.bench.cost import RequestMeter
 from deltabus.bench.environment import CpuMeter, machine_description
 from deltabus.bench.evaluate import RunState, evaluate_run
 from deltabus.bench.progress import ProgressDisplay
 from deltabus.bench.report import write_json, write_reports
 from deltabus.bench.workload import ProducerHandle, ProducerSpec
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
+from deltabus.lake import Lake
+from deltabus.partitions import ensure_layout
 from deltabus.processes import ChildProcess, child_env, etl_command
 from deltabus.settings import Settings
 
@@ -140,14 +146,18 @@ class Bench:
             for i in range(k)
         ]
 
-    def _etl(self, prefix: str, env: dict, name: str, ready: Path) -> ChildProcess:
+    def _etl(
+        self, prefix: str, env: dict, name: str, ready: Path, process: int = 0
+    ) -> ChildProcess:
         ready.unlink(missing_ok=True)
+        n = self.cfg.etl_processes
         command = etl_command(
             "continuous",
             commit_interval=self.cfg.commit_interval,
             poll_interval=None if self.cfg.etl_poll_ms is None else self.cfg.etl_poll_ms / 1000,
             ready_file=ready,
             prefix=prefix,
+            **({"process": process, "processes": n} if n > 1 else {}),
         )
         return ChildProcess(name, command, env, self.work).start()
 
@@ -156,35 +166,66 @@ class Bench:
 
         cfg = self.cfg
         tag = f"delta-{state.rate}"
-        for table in INPUT_TABLES:
+        layout = ensure_layout(lake, cfg.partitions)  # recorded before anyone writes
+        for table in layout.input_tables:
             ensure_table(lake, table, INPUT_SCHEMA)
-        unified = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
-        first_version = unified.version() + 1
+        first_versions = {
+            t: ensure_table(lake, t, UNIFIED_SCHEMA).version() + 1 for t in layout.unified_tables
+        }
+        first_version = first_versions[layout.unified_tables[0]]
         env = child_env(lake.settings)
         ready = self.work / f"{tag}.etl-ready"
         etl = self._etl(lake.settings.prefix, env, f"{tag}-etl", ready)
         cpu = CpuMeter()
         cpu.watch("etl", etl.pid)
+        # More ETL processes, each owning its share of the partitions (a consumer group).
+        more_etls = []
+        for j in range(1, cfg.etl_processes):
+            extra_ready = self.work / f"{tag}.etl-{j}-ready"
+            more_etls.append(
+                (
+                    self._etl(lake.settings.prefix, env, f"{tag}-etl-{j}", extra_ready, j),
+                    extra_ready,
+                )
+            )
+            cpu.watch(f"etl {j}", more_etls[-1][0].pid)
         cpu.watch("minio", self.minio_pid)
         cpu.watch(self._bench_cpu_name, os.getpid())
         state.specs = self._specs("delta", state.rate)
         handles: list[ProducerHandle] = []
         maint: ChildProcess | None = None
         stats = LiveStats()
-        consumer = DeltaUnifiedConsumer(lake, cfg.consumer_poll_ms / 1000, stats)
-        etls = [etl]
+        consumer: DeltaUnifiedConsumer | PartitionedConsumer
+        if layout.partitions == 1:
+            consumer = DeltaUnifiedConsumer(lake, cfg.consumer_poll_ms / 1000, stats)
+        else:
+            consumer = PartitionedConsumer(
+                lake, cfg.consumer_poll_ms / 1000, stats, layout.unified_tables
+            )
+            consumer.next_versions = first_versions
+        etls = [etl, *(e for e, _ in more_etls)]
+        serving = None
+        if cfg.serve:  # the PostgreSQL serving sink as one more stage
+            from deltabus.bench.serving import ServingRun
+
+            serving = ServingRun(self.settings, self.work, tag, cfg.consumer_poll_ms / 1000)
         try:
             handles = [
                 ProducerHandle(s, cfg.producer_mode, env, self.work, lake) for s in state.specs
             ]
             t0 = time.monotonic()
             etl.wait_file(ready)
+            for extra, extra_ready in more_etls:
+                extra.wait_file(extra_ready)
             state.timings["etl_ready_s"] = round(time.monotonic() - t0, 2)
             for h in handles:
                 h.wait_ready()
-            consumer.next_version = first_version
+            if isinstance(consumer, DeltaUnifiedConsumer):
+                consumer.next_version = first_version
             consumer.start()
             consumer.ready.wait(60)
+            if serving is not None:
+                serving.start(lake.settings.prefix, env, cpu)
             if cfg.soak:
                 maint = ChildProcess(
                     f"{tag}-maintenance",
@@ -208,7 +249,10 @@ class Bench:
             self._drive(
                 state, handles, consumer, stats, cpu, etls, drain if cfg.backlog_drain else None
             )
-            if cfg.idle_s > 0 and etls[-1].alive():
+            if serving is not None:
+                total = sum(s.total for s in state.specs)
+                serving.wait(total, cfg.grace, MAX_DRAIN_WAIT_FACTOR * cfg.duration + 60)
+            if cfg.idle_s > 0 and etls[-1].alive() and isinstance(consumer, DeltaUnifiedConsumer):
                 state.idle = self._measure_idle(cpu.pids, cfg.idle_s)
                 state.idle["first_after_idle_s"] = self._first_after_idle(lake, consumer)
         finally:
@@ -227,6 +271,10 @@ class Bench:
             if maint is not None:
                 maint.stop()
                 state.maintenance = _json_lines(maint.stdout_path)
+            if serving is not None:
+                serving.stop()
+                state.errors.extend(serving.errors)
+                state.served, state.serving_report = serving.served(), serving.report
         if consumer.error is not None:
             state.errors.append(f"consumer failed: {consumer.error}")
         return _without_after_idle(delta_inputs(lake)), _without_after_idle(consumer.table())

@@ -1,0 +1,99 @@
+"""`deltabus postgres up/down`: a persistent local PostgreSQL for development and the demo.
+
+`up` with no DELTABUS_POSTGRES_DSN configured initialises a server in the data directory,
+starts it on 127.0.0.1 and appends its DSN (with a random password) to `.env`, mode 600,
+as `deltabus minio up` does for MinIO's key. With a DSN configured it starts the server
+of that directory again, or only checks that the configured server answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from deltabus.errors import ConfigError, DeltabusError
+from deltabus.local_minio import free_port
+from deltabus.local_postgres import PostgresServer
+from deltabus.serving import pg
+from deltabus.settings import ENV_FILE_VAR, load_settings
+
+DEFAULT_PORT = 55432
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _write_dsn(env_file: Path | None, dsn: str) -> Path:
+    path = Path(env_file or os.environ.get(ENV_FILE_VAR) or ".env")
+    existed = path.exists()
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(
+            "# written by `deltabus postgres up`: the local development PostgreSQL\n"
+            f"DELTABUS_POSTGRES_DSN={dsn}\n"
+        )
+    if not existed or path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    return path
+
+
+def postgres_up(env_file: Path | None, data_dir: Path) -> str:
+    """Start (or find) the development PostgreSQL; returns what was done, no password."""
+    data_dir = data_dir.resolve()
+    initialised = (data_dir / "data" / "PG_VERSION").is_file()
+    configured = load_settings(env_file).postgres_dsn
+    if configured is None:
+        if initialised:
+            raise ConfigError(
+                f"{data_dir} holds a development PostgreSQL, but DELTABUS_POSTGRES_DSN (with "
+                "its password) is not configured",
+                "restore the DELTABUS_POSTGRES_DSN line in .env, or remove "
+                f"{data_dir} to start afresh",
+            )
+        port = DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
+        server = PostgresServer(data_dir, port=port).start()
+        written = _write_dsn(env_file, server.dsn)
+        return f"{server.describe()} started (pid {server.process.pid}); DSN written to {written}"  # type: ignore[union-attr]
+    dsn = configured.get_secret_value()
+    try:
+        pg.connect(dsn).close()
+        return f"{pg.describe(dsn)} is running"
+    except DeltabusError as exc:
+        parts = pg.parse(dsn)
+        if not initialised or parts.get("host") not in LOCAL_HOSTS:
+            raise
+        if "cannot reach" not in str(exc):
+            raise
+    server = PostgresServer(
+        data_dir,
+        port=int(parts.get("port", "5432")),
+        user=parts.get("user", "deltabus"),
+        password=parts.get("password"),
+        database=parts.get("dbname", "deltabus"),
+    ).start()
+    return f"{server.describe()} started (pid {server.process.pid})"  # type: ignore[union-attr]
+
+
+def postgres_down(data_dir: Path) -> str:
+    """Fast shutdown of the development PostgreSQL of `data_dir` (its postmaster.pid)."""
+    pid_file = data_dir / "data" / "postmaster.pid"
+    if not pid_file.is_file():
+        return f"no PostgreSQL running from {data_dir}"
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        return f"no PostgreSQL running from {data_dir} (stale pid {pid})"
+    deadline = time.monotonic() + 30
+    while pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return f"stopped PostgreSQL (pid {pid})"

@@ -1,0 +1,1 @@
+"""Serving the unified stream outside the lake: PostgreSQL (`deltabus serve postgres`)."""

@@ -1,0 +1,141 @@
+"""Does the served table equal the unified table's net content? Read both and compare.
+
+The unified side is DuckDB over the Delta table (`timezone_unified_net`, deltabus.duck);
+the served side is read with COPY ... TO STDOUT (DuckDB's postgres extension cannot be
+downloaded offline). Messages holding a NUL character are left out of the unified side:
+PostgreSQL text cannot hold them, and the sink counts and logs them instead.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import polars as pl
+
+from deltabus.duck import UNIFIED_NET_VIEW, lake_connection
+from deltabus.lake import UNIFIED_TABLE, Lake
+from deltabus.serving import pg
+from deltabus.serving.target import POSITION_TABLE, check_table_name
+
+EXAMPLES = 10
+
+
+def unified_net(lake: Lake) -> pl.DataFrame:
+    """message, timestamp, copies of every row in the unified table's net content."""
+    con = lake_connection(lake, (UNIFIED_TABLE,))
+    try:
+        if not lake.exists(UNIFIED_TABLE):
+            return pl.DataFrame(
+                schema={"message": pl.String, "timestamp": pl.Float64, "copies": pl.Int64}
+            )
+        return con.sql(
+            f'SELECT message, "timestamp", diff AS copies FROM "{UNIFIED_NET_VIEW}" '
+            "WHERE diff > 0 AND strpos(message, chr(0)) = 0"
+        ).pl()
+    finally:
+        con.close()
+
+
+def unified_net_count(lake: Lake) -> int:
+    """Rows in the unified table's net content (messages, counted once each)."""
+    return unified_net(lake)["message"].n_unique()
+
+
+def served(dsn: str, table: str) -> pl.DataFrame:
+    """message, timestamp, time, version of every row of the served table."""
+    con = pg.connect(dsn)
+    try:
+        buffer = io.BytesIO()
+        with con.cursor() as cur:
+            cur.copy_expert(
+                f'COPY (SELECT message, "timestamp", "time", version FROM '
+                f"{check_table_name(table)}) TO STDOUT WITH (FORMAT csv)",
+                buffer,
+            )
+        con.rollback()
+    finally:
+        con.close()
+    return pl.read_csv(
+        io.BytesIO(buffer.getvalue()),
+        has_header=False,
+        new_columns=["message", "timestamp", "time", "version"],
+        schema_overrides={
+            "message": pl.String,
+            "timestamp": pl.Float64,
+            "time": pl.Int64,
+            "version": pl.Int64,
+        },
+    )
+
+
+def served_position(dsn: str, sink: str) -> dict[str, Any] | None:
+    """The sink's row of deltabus_sink_position (version, source, commit ms), or None."""
+    con = pg.connect(dsn)
+    try:
+        with con.cursor() as cur:
+            cur.execute(
+                f"SELECT version, source_table, source_commit_ms, updated_at FROM {POSITION_TABLE} "
+                "WHERE sink = %s",
+                (sink,),
+            )
+            row = cur.fetchone()
+        con.rollback()
+    finally:
+        con.close()
+    if row is None:
+        return None
+    return dict(
+        zip(("version", "source_table", "source_commit_ms", "updated_at"), row, strict=True)
+    )
+
+
+def compare(lake: Lake, dsn: str, table: str) -> dict[str, Any]:
+    """Counts and examples of what differs between the served table and the net content."""
+    net = unified_net(lake)
+    rows = served(dsn, table)
+    expected = net.unique("message")
+    missing = expected.join(rows, on="message", how="anti")
+    extra = rows.join(expected, on="message", how="anti")
+    changed = rows.join(expected, on="message").filter(
+        pl.col("timestamp") != pl.col("timestamp_right")
+    )
+    return {
+        "served_rows": rows.height,
+        "unified_net_rows": expected.height,
+        "duplicated_in_unified": int(net.filter(pl.col("copies") > 1).height),
+        "missing": missing.height,
+        "extra": extra.height,
+        "timestamp_mismatches": changed.height,
+        "missing_examples": missing["message"].head(EXAMPLES).to_list(),
+        "extra_examples": extra["message"].head(EXAMPLES).to_list(),
+    }
+
+
+def serving_lag(lake: Lake, dsn: str, sink: str) -> dict[str, Any]:
+    """How far the served table is behind timezone_unified: versions, and seconds since
+    the oldest unified commit it does not hold yet (0 when it holds them all)."""
+    import json
+    import time
+
+    from deltabus.delta_protocol import parse_actions
+    from deltabus.tail import DeltaLogTail
+
+    latest = lake.open(UNIFIED_TABLE).version()
+    row = served_position(dsn, sink)
+    position = -1 if row is None else int(row["version"])
+    lag_s: float | None = 0.0
+    if position < latest:  # None: that commit's log file expired (far behind)
+        raw = DeltaLogTail(lake, UNIFIED_TABLE).log.commit(position + 1)
+        info = (parse_actions(raw).get("commitInfo") or [{}])[0] if raw else {}
+        committed_ms = info.get("inCommitTimestamp", info.get("timestamp"))
+        lag_s = None
+        if committed_ms is not None:
+            lag_s = round(max(0.0, time.time() - int(committed_ms) / 1000), 3)
+    return {
+        "position": position,
+        "unified_version": latest,
+        "versions_behind": max(0, latest - position),
+        "lag_s": lag_s,
+        "position_row": json.dumps(row, default=str) if row else None,
+    }

@@ -1,0 +1,196 @@
+"""Connecting to PostgreSQL: the DSN as a secret, one clear error for what a user must fix.
+
+The DSN carries a password, so it is never printed: `describe` names user, host, port
+and database only, and `redact` removes the password (and the DSN) from any text that
+reaches a user. Failures are sorted the way storage failures are (deltabus.retry): a
+wrong password, a missing role or database, a refused or unresolvable server at start
+are `DeltabusError`s (exit 2); a server that goes away mid-stream (restart, failover,
+network) is transient and retried.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from deltabus.errors import ConfigError, DeltabusError
+
+APPLICATION_NAME = "deltabus-serve"
+CONNECT_TIMEOUT_S = 5
+
+# Text of libpq / server errors that an outage explains (lower-cased).
+_TRANSIENT = (
+    "connection refused",
+    "server closed the connection",
+    "terminating connection",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "connection already closed",
+    "connection not open",
+    "could not receive data",
+    "could not send data",
+    "no connection to the server",
+    "ssl connection has been closed",
+    "timeout expired",
+    "connection timed out",
+    "connection reset",
+    "broken pipe",
+    "cannot connect now",
+    "too many connections",
+)
+# Server errors a user must fix: (regular expression, problem, fix).
+_USER_ERRORS = (
+    (
+        "password authentication failed",
+        "PostgreSQL rejected the credentials",
+        "check the user and password in DELTABUS_POSTGRES_DSN (or --dsn)",
+    ),
+    (
+        "no pg_hba.conf entry",
+        "PostgreSQL does not accept connections from this host/user (pg_hba.conf)",
+        "allow this client in the server's pg_hba.conf, or check DELTABUS_POSTGRES_DSN",
+    ),
+    (
+        r'(role|database) ".*" does not exist',
+        "PostgreSQL: the role or database does not exist",
+        "create it, or name an existing one in DELTABUS_POSTGRES_DSN",
+    ),
+    (
+        "permission denied",
+        "PostgreSQL denied the sink's user",
+        "grant the user CREATE on the schema (for the served and position tables) and "
+        "INSERT, UPDATE, DELETE, SELECT on them",
+    ),
+    (
+        "no space left on device|could not extend file|disk quota exceeded",
+        "PostgreSQL has no space left for the served table",
+        "free space on the PostgreSQL server's disk",
+    ),
+    (
+        "read-only transaction|recovery is in progress",
+        "PostgreSQL is read-only here (a standby?)",
+        "point DELTABUS_POSTGRES_DSN at the primary server",
+    ),
+    (
+        "could not translate host name",
+        "the PostgreSQL host name does not resolve",
+        "check the host in DELTABUS_POSTGRES_DSN",
+    ),
+)
+
+
+def parse(dsn: str) -> dict[str, str]:
+    """The DSN's parts (libpq's own parser); ConfigError, without the DSN, when invalid."""
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        return parse_dsn(dsn)
+    except Exception:  # noqa: BLE001 - its message can echo the DSN, password included
+        raise ConfigError(
+            "DELTABUS_POSTGRES_DSN (or --dsn) is not a valid PostgreSQL connection string",
+            "use postgresql://USER:PASSWORD@HOST:PORT/DATABASE or 'host=... port=... "
+            "user=... password=... dbname=...'",
+        ) from None
+
+
+def describe(dsn: str) -> str:
+    """user@host:port/database, never the password."""
+    parts = parse(dsn)
+    host = parts.get("host") or parts.get("hostaddr") or "localhost"
+    return (
+        f"PostgreSQL {parts.get('user') or '(default user)'}@{host}:{parts.get('port') or 5432}"
+        f"/{parts.get('dbname') or '(default database)'}"
+    )
+
+
+def _secrets_in(dsn: str) -> list[str]:
+    found = [dsn]
+    try:
+        password = parse(dsn).get("password")
+        if password:
+            found.append(password)
+    except ConfigError:
+        pass
+    found += re.findall(r"password\s*=\s*'?([^'\s]+)", dsn)
+    found += re.findall(r"://[^:/@]*:([^@]+)@", dsn)
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+def redact(text: str, dsn: str | None) -> str:
+    """`text` without the DSN or its password."""
+    if not dsn:
+        return text
+    for secret in _secrets_in(dsn):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _message(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".lower()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures a PostgreSQL outage explains (it will come back)."""
+    import psycopg2
+
+    if isinstance(exc, DeltabusError):
+        return False
+    if not isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return False
+    text = _message(exc)
+    if any(re.search(pattern, text) for pattern, _, _ in _USER_ERRORS):
+        return False
+    return any(marker in text for marker in _TRANSIENT) or isinstance(
+        exc, psycopg2.errors.AdminShutdown | psycopg2.errors.CannotConnectNow
+    )
+
+
+def user_error(exc: BaseException, dsn: str) -> DeltabusError | None:
+    """The one clear error for a PostgreSQL failure a user must fix, or None."""
+    import psycopg2
+
+    if isinstance(exc, DeltabusError):
+        return exc
+    if not isinstance(exc, psycopg2.Error):
+        return None
+    text = _message(exc)
+    where = describe(dsn)
+    first = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else "", dsn)
+    for pattern, problem, fix in _USER_ERRORS:
+        if re.search(pattern, text):
+            return ConfigError(f"{problem} ({where}): {first}", fix)
+    if isinstance(exc, psycopg2.OperationalError) and any(m in text for m in _TRANSIENT):
+        return DeltabusError(
+            f"cannot reach {where}: {first}",
+            "start PostgreSQL, or point DELTABUS_POSTGRES_DSN (or --dsn) at a running server",
+        )
+    return None
+
+
+def open_connection(dsn: str) -> Any:
+    """A psycopg2 connection (autocommit off, UTF-8); psycopg2's errors pass through."""
+    import psycopg2
+
+    con = psycopg2.connect(
+        dsn, connect_timeout=CONNECT_TIMEOUT_S, application_name=APPLICATION_NAME
+    )
+    con.set_client_encoding("UTF8")
+    return con
+
+
+def connect(dsn: str) -> Any:
+    """A connection, or the one clear error when the server cannot be used: wrong
+    password, missing role or database, nothing listening (no retry: this is the check
+    at start; an outage later is retried by the caller)."""
+    import psycopg2
+
+    parse(dsn)
+    try:
+        return open_connection(dsn)
+    except psycopg2.Error as exc:
+        raise user_error(exc, dsn) or DeltabusError(
+            f"cannot connect to {describe(dsn)}: {redact(str(exc).strip(), dsn)[:300]}",
+            "check DELTABUS_POSTGRES_DSN",
+        ) from None

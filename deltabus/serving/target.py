@@ -1,0 +1,311 @@
+"""The served table and the sink's position in PostgreSQL, changed in one transaction.
+
+Exactly once rests on one row: `deltabus_sink_position (sink, source_table, version)`
+holds the last `timezone_unified` version whose changes are in the served table, and
+every transaction that changes the served table moves it, after locking it and checking
+it is where this sink left it. A transaction commits rows and position together or not
+at all, so a sink that restarts (or reconnects after an outage, not knowing whether its
+last COMMIT landed) reads the position back and goes on after it: nothing is applied
+twice, nothing skipped. A second sink of the same name finds the position moved, and
+starts again from it instead of writing over it.
+
+Rows go in through COPY into a temporary staging table, then one DELETE (retractions)
+and one INSERT ... ON CONFLICT (message) DO UPDATE (insertions): a few statements per
+transaction, whatever the number of rows.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from deltabus.errors import ConfigError
+from deltabus.serving import pg
+
+log = logging.getLogger(__name__)
+
+POSITION_TABLE = "deltabus_sink_position"
+STAGE_TABLE = "deltabus_serve_stage"
+DEFAULT_TABLE = "served_unified"
+TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+SERVED_COLUMNS = {
+    "message": "text",
+    "timestamp": "double precision",
+    "time": "bigint",
+    "version": "bigint",
+}
+STAGE_COLUMNS = ("message", "timestamp", "time", "version", "diff")
+
+
+def check_table_name(name: str) -> str:
+    """A served table name: an unquoted lower-case PostgreSQL identifier (no schema)."""
+    if not TABLE_NAME.fullmatch(name) or name in (POSITION_TABLE, STAGE_TABLE):
+        raise ConfigError(
+            f"--table {name!r} is not a usable table name",
+            "use 1-63 lower-case letters, digits and '_', starting with a letter or '_'",
+        )
+    return name
+
+
+def net_changes(rows: pa.Table | None) -> tuple[pl.DataFrame, int]:
+    """What a run of unified rows (in version order) changes in the served table.
+
+    Per (message, timestamp) the diffs are summed: a row inserted and retracted within
+    the run changes nothing. What is left is a retraction (diff -1: delete the message's
+    row if it holds that timestamp) or an insertion (diff +1: the message's row becomes
+    this one; the latest version wins). Returns the changes (STAGE_COLUMNS) and the
+    number of messages skipped because PostgreSQL text cannot hold a NUL character.
+    """
+    empty = pl.DataFrame(
+        schema={"message": pl.String, "timestamp": pl.Float64, "time": pl.Int64}
+        | {"version": pl.Int64, "diff": pl.Int64}
+    )
+    if rows is None or rows.num_rows == 0:
+        return empty, 0
+    frame = pl.from_arrow(rows)
+    assert isinstance(frame, pl.DataFrame)
+    nul = frame["message"].str.contains("\x00", literal=True)
+    skipped = int(nul.sum())
+    if skipped:
+        frame = frame.filter(~nul)
+    net = (
+        frame.group_by("message", "timestamp")
+        .agg(
+            pl.col("diff").sum().alias("diff"),
+            pl.col("time").filter(pl.col("diff") > 0).max().alias("time"),
+            pl.col("_commit_version").max().alias("version"),
+        )
+        .filter(pl.col("diff") != 0)
+    )
+    deletes = net.filter(pl.col("diff") < 0).with_columns(diff=pl.lit(-1, pl.Int64))
+    inserts = (
+        net.filter(pl.col("diff") > 0)
+        .sort("version", "time")
+        .unique("message", keep="last")
+        .with_columns(diff=pl.lit(1, pl.Int64))
+    )
+    changes = pl.concat([deletes, inserts]).select(
+        pl.col("message").cast(pl.String),
+        pl.col("timestamp").cast(pl.Float64),
+        pl.col("time").cast(pl.Int64).fill_null(0),
+        pl.col("version").cast(pl.Int64),
+        pl.col("diff").cast(pl.Int64),
+    )
+    return changes, skipped
+
+
+class PositionMovedError(Exception):
+    """Another sink of the same name moved the position: start again from `stored`."""
+
+    def __init__(self, stored: int) -> None:
+        super().__init__(f"the position moved to {stored}")
+        self.stored = stored
+
+
+@dataclass
+class Applied:
+    inserted: int
+    deleted: int
+    committed_ms: float
+
+
+class PostgresTarget:
+    """One served table and its sink's position row, over one connection."""
+
+    def __init__(self, dsn: str, table: str, source: str, sink: str | None = None) -> None:
+        self.dsn = dsn
+        self.table = check_table_name(table)
+        self.sink = sink or table
+        self.source = source  # the Delta table served, by URI: one source per sink
+        self.con: Any = None
+
+    def describe(self) -> str:
+        return f"table {self.table} on {pg.describe(self.dsn)}"
+
+    # -- connection and schema ------------------------------------------------------------
+
+    def open(self, checked: bool = True) -> None:
+        """Connect and make sure the tables exist. `checked`: a problem becomes one clear
+        error (start); otherwise psycopg2's errors pass through to be retried."""
+        self.close()
+        self.con = pg.connect(self.dsn) if checked else pg.open_connection(self.dsn)
+        try:
+            self._prepare()
+        except Exception as exc:
+            error = pg.user_error(exc, self.dsn) if checked else None
+            self.close()
+            if error is not None:
+                raise error from None
+            raise
+
+    def close(self) -> None:
+        if self.con is not None:
+            try:
+                self.con.close()
+            except Exception:  # noqa: BLE001 - a dead connection has nothing to close
+                pass
+            self.con = None
+
+    def _prepare(self) -> None:
+        from psycopg2 import sql
+
+        t = sql.Identifier(self.table)
+        cols = sql.SQL(", ").join(
+            sql.SQL("{} {} NOT NULL").format(sql.Identifier(c), sql.SQL(kind))
+            for c, kind in SERVED_COLUMNS.items()
+        )
+        with self.con.cursor() as cur:
+            cur.execute(
+                f"""CREATE TABLE IF NOT EXISTS {POSITION_TABLE} (
+                      sink text PRIMARY KEY,
+                      source_table text NOT NULL,
+                      version bigint NOT NULL,
+                      source_commit_ms bigint,
+                      updated_at timestamptz NOT NULL DEFAULT now())"""
+            )
+            cur.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY (message))").format(t, cols)
+            )
+            cur.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (version)").format(
+                    sql.Identifier(f"{self.table}_version_idx"), t
+                )
+            )
+            self._check_columns(cur)
+            cur.execute(
+                f"SELECT source_table FROM {POSITION_TABLE} WHERE sink = %s FOR UPDATE",
+                (self.sink,),
+            )
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(t))
+                if cur.fetchone()[0]:
+                    raise ConfigError(
+                        f"{self.describe()} has rows but no position in {POSITION_TABLE}: "
+                        "the sink cannot tell which changes they hold",
+                        "drop or empty that table, or serve into another --table",
+                    )
+                cur.execute(
+                    f"INSERT INTO {POSITION_TABLE} (sink, source_table, version) "
+                    "VALUES (%s, %s, -1)",
+                    (self.sink, self.source),
+                )
+            elif row[0] != self.source:
+                raise ConfigError(
+                    f"{self.describe()} serves {row[0]}, not {self.source}",
+                    "serve this lake into another --table, or drop that table and its row "
+                    f"in {POSITION_TABLE}",
+                )
+            cur.execute(
+                f"""CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} (
+                      message text, "timestamp" double precision, "time" bigint,
+                      version bigint, diff bigint) ON COMMIT DELETE ROWS"""
+            )
+        self.con.commit()
+
+    def _check_columns(self, cur: Any) -> None:
+        cur.execute(
+            """SELECT column_name, data_type FROM information_schema.columns
+               WHERE table_name = %s AND table_schema = current_schema()""",
+            (self.table,),
+        )
+        found = dict(cur.fetchall())
+        if found != SERVED_COLUMNS:
+            raise ConfigError(
+                f"{self.describe()} exists with other columns ({found}) than a served table "
+                f"({SERVED_COLUMNS})",
+                "serve into another --table, or drop that table",
+            )
+
+    # -- reading --------------------------------------------------------------------------
+
+    def position(self) -> int:
+        """The last unified version applied (-1: none yet)."""
+        with self.con.cursor() as cur:
+            cur.execute(f"SELECT version FROM {POSITION_TABLE} WHERE sink = %s", (self.sink,))
+            row = cur.fetchone()
+        self.con.commit()
+        return -1 if row is None else int(row[0])
+
+    def count(self) -> int:
+        from psycopg2 import sql
+
+        with self.con.cursor() as cur:
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(self.table)))
+            n = int(cur.fetchone()[0])
+        self.con.commit()
+        return n
+
+    # -- writing --------------------------------------------------------------------------
+
+    def apply(
+        self, changes: pl.DataFrame, expected: int, to_version: int, source_commit_ms: int
+    ) -> Applied:
+        """Apply `changes` and move the position from `expected` to `to_version`, in one
+        transaction. Raises PositionMovedError (nothing written) when the stored position
+        is not `expected`."""
+        from psycopg2 import sql
+
+        t = sql.Identifier(self.table)
+        inserted = deleted = 0
+        try:
+            with self.con.cursor() as cur:
+                cur.execute(
+                    f"SELECT version FROM {POSITION_TABLE} WHERE sink = %s FOR UPDATE",
+                    (self.sink,),
+                )
+                row = cur.fetchone()
+                stored = -1 if row is None else int(row[0])
+                if row is None or stored != expected:
+                    self.con.rollback()
+                    raise PositionMovedError(stored)
+                if changes.height:
+                    buffer = io.BytesIO()
+                    changes.select(STAGE_COLUMNS).write_csv(buffer, include_header=False)
+                    buffer.seek(0)
+                    cur.copy_expert(
+                        f'COPY {STAGE_TABLE} (message, "timestamp", "time", version, diff) '
+                        "FROM STDIN WITH (FORMAT csv)",
+                        buffer,
+                    )
+                    if (changes["diff"] < 0).any():
+                        cur.execute(
+                            sql.SQL(
+                                "DELETE FROM {} s USING {} d WHERE d.diff < 0 "
+                                'AND s.message = d.message AND s."timestamp" = d."timestamp"'
+                            ).format(t, sql.Identifier(STAGE_TABLE))
+                        )
+                        deleted = cur.rowcount
+                    if (changes["diff"] > 0).any():
+                        cur.execute(
+                            sql.SQL(
+                                'INSERT INTO {} (message, "timestamp", "time", version) '
+                                'SELECT message, "timestamp", "time", version FROM {} '
+                                "WHERE diff > 0 ON CONFLICT (message) DO UPDATE SET "
+                                '"timestamp" = EXCLUDED."timestamp", "time" = EXCLUDED."time", '
+                                "version = EXCLUDED.version"
+                            ).format(t, sql.Identifier(STAGE_TABLE))
+                        )
+                        inserted = cur.rowcount
+                cur.execute(
+                    f"UPDATE {POSITION_TABLE} SET version = %s, source_commit_ms = %s, "
+                    "updated_at = now() WHERE sink = %s",
+                    (to_version, source_commit_ms, self.sink),
+                )
+            self.con.commit()
+        except PositionMovedError:
+            raise
+        except BaseException:
+            try:
+                self.con.rollback()
+            except Exception:  # noqa: BLE001 - the connection may be gone: so is the txn
+                pass
+            raise
+        return Applied(inserted, deleted, time.time() * 1000)
