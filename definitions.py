@@ -17,7 +17,7 @@ from dotenv import load_dotenv
 
 from assets import ASSET_CHECKS, ASSETS, JOBS, SCHEDULES, SENSORS
 from deltabus.processes import apply_process_defaults
-from resources import default_resources
+from resources import default_resources, serving_resources
 
 apply_process_defaults()
 # Like `dagster dev`, read ./.env (or $DELTABUS_ENV_FILE) so the S3 resource's EnvVars
@@ -33,7 +33,7 @@ def build_definitions(resources: dict[str, object] | None = None) -> Definitions
         jobs=JOBS,
         sensors=SENSORS,
         schedules=SCHEDULES,
-        resources={**default_resources(), **(resources or {})},
+        resources={**default_resources(), **serving_resources(), **(resources or {})},
     )
 
 

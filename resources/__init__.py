@@ -21,9 +21,13 @@ def default_resources() -> dict[str, object]:
         "s3": minio_s3_resource(),
         "duck": duckdb_resource(),
         "etl_service": EtlServiceResource(),
-        # The serving sink's database (DELTABUS_POSTGRES_DSN), for served_unified only.
-        "postgres": postgres_resource(),
     }
+
+
+def serving_resources() -> dict[str, object]:
+    """The serving sink's database (DELTABUS_POSTGRES_DSN), bound by `definitions.py` for
+    served_unified only: a run that does not serve never needs the variable."""
+    return {"postgres": postgres_resource()}
 
 
 __all__ = [
@@ -31,6 +35,7 @@ __all__ = [
     "LakeResource",
     "PostgresResource",
     "default_resources",
+    "serving_resources",
     "delta_views",
     "duckdb_resource",
     "ensure_bucket",
