@@ -430,7 +430,12 @@ CHECKS: dict[str, tuple[Callable[[Lake, Any, list[str]], AssetCheckResult], str,
 def unified_checks(
     context: AssetCheckExecutionContext, lake: LakeResource, duck: DuckDBResource
 ) -> Iterator[AssetCheckResult]:
-    lk = lake.lake()
+    names = sorted(key.name for key in context.selected_asset_check_keys)
+    yield from evaluate_checks(lake.lake(), duck, names)
+
+
+def evaluate_checks(lk: Lake, duck: DuckDBResource, names: list[str]) -> Iterator[AssetCheckResult]:
+    """The named checks over one DuckDB connection with each table read once."""
     with delta_views(duck, lk, (*INPUT_TABLES, UNIFIED_TABLE, REJECTS_TABLE), load=True) as con:
         registered = [
             r[0]
@@ -439,14 +444,14 @@ def unified_checks(
                 "UNION SELECT view_name FROM duckdb_views() WHERE temporary"
             ).fetchall()
         ]
-        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.name):
-            check, _, _ = CHECKS[key.name]
+        for name in names:
+            check, _, _ = CHECKS[name]
             started = time.perf_counter()
             result = check(lk, con, registered)
             seconds = round(time.perf_counter() - started, 3)
             yield AssetCheckResult(
                 asset_key=UNIFIED_TABLE,
-                check_name=key.name,
+                check_name=name,
                 passed=result.passed,
                 severity=result.severity,
                 description=result.description,

@@ -237,15 +237,15 @@ def assert_content_checks_pass(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> N
     """The Dagster checks `no_message_lost` and `no_duplicate_message` pass (net content)."""
     from dagster_duckdb import DuckDBResource
 
-    from assets.checks import no_duplicate_message, no_message_lost
+    from assets.checks import evaluate_checks
     from resources.lake import LakeResource
     from tests.conftest import use_lake_env
 
     use_lake_env(monkeypatch, lake)
-    resources = {"lake": LakeResource(), "duck": DuckDBResource(database=":memory:")}
-    for check in (no_message_lost, no_duplicate_message):
-        result = check(**resources)
-        assert result.passed, (check.__name__, result.description)
+    duck = DuckDBResource(database=":memory:")
+    names = ["no_message_lost", "no_duplicate_message"]
+    for result in evaluate_checks(LakeResource().lake(), duck, names):
+        assert result.passed, (result.check_name, result.description)
 
 
 def assert_readers_honour_diff(
