@@ -196,8 +196,11 @@ def test_cli_minio_up_nodes_4_and_down(tmp_path: Path) -> None:
         pids = [int(p) for p in (data_dir / PID_FILE).read_text().split()]
         assert len(pids) == 4 and all(_running(p) for p in pids)
         probe = MinioCluster(data_dir / "cluster", "-", "-", ports=[base + i for i in range(4)])
-        for node in range(4):
-            assert probe.health(node)["write_quorum"] == 5, node
+        deadline = time.monotonic() + 60
+        for node in range(4):  # each node joins the cluster on its own: ask until it has
+            while (health := probe.health(node))["write_quorum"] != 5:
+                assert time.monotonic() < deadline, (node, health)
+                time.sleep(0.5)
         again = run_cli(up, env, tmp_path, timeout=60)
         assert "already running" in again.stdout, again.stdout + again.stderr
         stopped = run_cli(down, env, tmp_path, timeout=60)
