@@ -325,7 +325,11 @@ class CheckpointWriter:
             self.follows = actions is not None
 
     def reset(self) -> None:
-        """Forget the state (after an error): the next checkpoint seeds from storage."""
+        """Forget the state and the versions fed since (after an error, or for good when
+        delta-rs takes over): the next checkpoint from memory seeds from storage."""
+        with self._lock:
+            self._pending.clear()
+            self._stale = True
         self.state = None
 
     def _state_at(self, version: int) -> tuple[TableState, bool]:

@@ -71,9 +71,10 @@ class BackgroundCheckpointer:
         """`version` was committed: checkpoint when it reaches the next interval.
 
         `actions` are the version's actions (parse_actions' grouping), from a writer that
-        has them without reading: every version reported with them lets the checkpoint
-        be written from memory. A version reported without them is checkpointed by
-        delta-rs until the state has been reloaded from storage.
+        has them without reading (the fast append path): while versions come with them,
+        checkpoints are written from memory. While they come without (a writer on
+        delta-rs' commit path), delta-rs writes them; the in-memory state is reloaded
+        from storage once actions come again.
         """
         if self._from_memory:
             self.writer.feed(version, actions)
@@ -138,6 +139,7 @@ class BackgroundCheckpointer:
             written = self.writer.write(target)
         except Unsupported as exc:
             self._from_memory = False
+            self.writer.reset()
             log.info("%s is checkpointed by delta-rs from now on: %s", self.table, exc)
             return False
         except Exception as exc:  # noqa: BLE001 - delta-rs writes this one instead
