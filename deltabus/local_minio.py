@@ -336,6 +336,30 @@ class MinioCluster:
             "read_quorum": quorum(read, "x-minio-read-quorum"),
         }
 
+    def await_health(
+        self, write_status: int, read_status: int | None = None, timeout: float = 30, node: int = 0
+    ) -> dict[str, int | None]:
+        """Poll `node`'s view until the write (and read) health checks give these statuses.
+
+        A node's peers notice a crashed node within seconds, not at once: until then the
+        health checks may still report the cluster as it was, so a single look can mislead.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            health = self.health(node)
+            if health["write_status"] == write_status and read_status in (
+                None,
+                health["read_status"],
+            ):
+                return health
+            if time.monotonic() >= deadline:
+                raise DeltabusError(
+                    f"distributed MinIO did not report write {write_status}"
+                    f" / read {read_status} within {timeout}s; last seen {health}",
+                    f"see {self.root}/*.log",
+                )
+            time.sleep(0.25)
+
     def kill_node(self, node: int) -> None:
         """SIGKILL one node, as a crash or a power cut would stop it."""
         proc = self.processes[node]

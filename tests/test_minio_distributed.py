@@ -90,19 +90,18 @@ def test_cluster_is_distributed_and_survives_a_node(minio_cluster: MinioCluster)
     assert drives_holding(cluster, f"{key}/before") == {0: 2, 1: 2, 2: 2, 3: 2}
     try:
         cluster.kill_node(KILLED)
-        assert cluster.health()["write_status"] == 200  # 6 drives left >= write quorum 5
+        cluster.await_health(write_status=200)  # 6 drives left >= write quorum 5
         body = s3.get_object(Bucket=TEST_BUCKET, Key=f"{key}/before")["Body"].read()
         assert body == b"a" * 50_000
         s3.put_object(Bucket=TEST_BUCKET, Key=f"{key}/during", Body=b"b" * 50_000)
         assert drives_holding(cluster, f"{key}/during") == {0: 2, 1: 2, 2: 0, 3: 2}
         cluster.kill_node(3)  # 4 drives left: enough to read, too few to write
-        health = cluster.health()
-        assert (health["write_status"], health["read_status"]) == (503, 200), health
+        cluster.await_health(write_status=503, read_status=200)
         body = s3.get_object(Bucket=TEST_BUCKET, Key=f"{key}/during")["Body"].read()
         assert body == b"b" * 50_000
     finally:
         restore(cluster)
-    assert cluster.health()["write_status"] == 200
+    cluster.await_health(write_status=200)
 
 
 def files_written_since(cluster: MinioCluster, node: int, prefix: str, since: float) -> int:
