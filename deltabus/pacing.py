@@ -6,9 +6,16 @@ are:
 
 - where the store streams commit notifications (deltabus.notify), the tail waits on them
   and reads exactly up to the version notified; a slow safety poll covers a missed event;
-- otherwise it polls in step with the writer: after finding a commit it sleeps for most of
-  the writer's measured gap between commits, then polls every `poll_interval` until the
-  next one lands, so a tail that keeps up misses about once per commit, not four times;
+- otherwise it polls in step with the writer. Each commit carries its writer's timestamp,
+  so the tail knows the writer's gap between commits (from the writer's clock, not from
+  when its own polls happened to find them) and when the next commit is due to land: its
+  first poll for a commit aims there, and polls every `poll_interval` after a miss. The
+  aim learns from its outcome: a first poll that misses moves it later; one that finds
+  the commit moves it earlier, twice as far after each such hit in a row (the aim may be
+  late by any amount). It settles where about one first poll in four misses, whatever
+  the clock skew between writer and tail or the time a commit takes to land, so a tail
+  that keeps up costs about 1.3 GETs per commit (pacing by its own hits: 2.2).
+  Without timestamps it sleeps most of the gap measured between its own hits;
 - a table that has gone quiet is polled less and less often, up to `idle_poll` (the
   settings' `DELTABUS_IDLE_POLL_MS`), which bounds both the idle cost and how late the
   first commit after a pause is seen.
@@ -28,8 +35,12 @@ SAFETY_POLL_S = 10.0
 WAIT_SLICE_S = 0.25
 # The writer's gap is an average over about this many commits.
 GAP_WEIGHT = 0.2
-# Polls start this much of the gap early: commit times jitter.
+# Without writer timestamps, polls start this much of the gap early: commit times jitter.
 EARLY = 0.25
+# With them, a first poll that misses aims the next AIM_UP_S later; one that finds its
+# commit aims it AIM_DOWN_S earlier, twice that after two such hits in a row, and so on.
+AIM_DOWN_S = 0.001
+AIM_UP_S = 0.008
 
 
 class Pacer:
@@ -43,6 +54,14 @@ class Pacer:
         self.watch = self.notifier.watch(table) if self.notifier is not None else None
         self.gap: float | None = None  # the writer's mean seconds between commits
         self._last_hit: float | None = None
+        self._last_commit_ms: float | None = None  # the writer's timestamp of the last commit
+        # Seconds after a commit's due time (its writer's timestamp + gap) at which the
+        # first poll for it goes out; it absorbs clock skew and the time to land.
+        self.aim: float | None = None
+        self._aimed = False  # the pending poll was aimed at a predicted commit
+        self._step = AIM_DOWN_S  # how much earlier the next hit at first look moves the aim
+        self._settled = False  # a first look has missed since the aim was first taken
+        self._missed = False  # a poll missed since the last hit
         self._idle = True  # backing off: the time to the next hit says nothing of the gap
         self._delay = poll_interval
         # When the next poll is due, counted from the poll that set it (not from when the
@@ -58,27 +77,76 @@ class Pacer:
         """The highest version notified, while notifications flow; None otherwise."""
         return self.watch.latest if self.watch is not None and self.notified else None
 
-    def found(self, versions: int) -> None:
-        """A poll found `versions` new commits (0: a miss)."""
+    def found(self, versions: int, commit_ms: float | None = None) -> None:
+        """A poll found `versions` new commits (0: a miss); `commit_ms` is the writer's
+        timestamp (ms since the epoch) of the newest one, when its commit info has one."""
         now = time.monotonic()
         if versions == 0:
+            self._missed = True
             quiet = now - self._last_hit if self._last_hit is not None else None
             # A miss long after the expected commit means the writer paused: back off.
             if quiet is None or quiet > 2 * (self.gap or self.poll_interval) + self.poll_interval:
-                self._idle = True
+                self._idle, self._aimed = True, False
                 self._delay = min(self.idle_poll, max(self.poll_interval, self._delay * 1.5))
             else:
                 self._delay = self.poll_interval
             self._due = now + self._delay
             return
-        if self._last_hit is not None and not self._idle:
-            gap = (now - self._last_hit) / versions
+        if commit_ms:
+            self._found_stamped(now, versions, commit_ms)
+        else:
+            self._found_unstamped(now, versions)
+        self._last_hit, self._idle, self._missed = now, False, False
+        self._due = now + self._delay
+
+    def next_landed(self, commit_ms: float) -> bool:
+        """Whether the commit after the one stamped `commit_ms` should have landed by now.
+
+        A tail that found a commit reads on only then: a tail that keeps up would
+        otherwise end every read with a GET that finds nothing. Unknown (no timestamps,
+        no gap measured yet): True, read on.
+        """
+        if not commit_ms or self.gap is None or self.aim is None:
+            return True
+        return time.time() >= commit_ms / 1000 + self.gap + self.aim
+
+    def _update_gap(self, gap: float) -> None:
+        if gap > 0:
             self.gap = gap if self.gap is None else self.gap + GAP_WEIGHT * (gap - self.gap)
-        self._last_hit, self._idle = now, False
-        # Next look: most of a gap from now, when the writer's next commit is due.
+
+    def _found_unstamped(self, now: float, versions: int) -> None:
+        """Pace by when our own polls found commits: most of a gap from now."""
+        if self._last_hit is not None and not self._idle:
+            self._update_gap((now - self._last_hit) / versions)
         ahead = (self.gap or 0.0) * (1 - EARLY)
         self._delay = min(self.idle_poll, max(self.poll_interval, ahead))
-        self._due = now + self._delay
+        self._aimed, self._last_commit_ms = False, None
+
+    def _found_stamped(self, now: float, versions: int, commit_ms: float) -> None:
+        """Aim the next poll at when the writer's next commit should land (module doc)."""
+        wall = time.time()
+        if self._last_commit_ms is not None and not self._idle:
+            self._update_gap((commit_ms - self._last_commit_ms) / 1000 / versions)
+        self._last_commit_ms = commit_ms
+        if self.gap is None:  # one commit seen: nothing to aim at yet
+            self._delay, self._aimed = self.poll_interval, False
+            return
+        if self.aim is None:
+            self._step, self._settled = AIM_DOWN_S, False
+            # First aim: when we saw this one, less half a poll (it landed before we looked).
+            self.aim = wall - commit_ms / 1000 - self.poll_interval / 2
+        elif self._aimed and versions == 1 and self._missed:
+            self.aim += AIM_UP_S
+            self._step, self._settled = AIM_DOWN_S, True
+        elif self._aimed and versions == 1:
+            # Found at the first look: we may be late by any amount (the first aim was
+            # taken while catching up, say), so each hit in a row moves twice as far,
+            # by at most a twentieth of the gap once a first look has missed.
+            self.aim -= self._step
+            self._step = min(2 * self._step, self.gap / (20 if self._settled else 2))
+        due = commit_ms / 1000 + self.gap + self.aim  # the next commit's first poll
+        self._delay = min(self.idle_poll, max(0.0, due - wall))
+        self._aimed = True
 
     def wait(self) -> None:
         """Sleep until the next poll is due, a notification arrives or stop is set."""

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from deltabus.bench.cost import RequestMeter
 from deltabus.lake import Lake
@@ -116,3 +117,86 @@ def test_a_quiet_etl_costs_little_and_wakes_for_the_next_commit(minio, tmp_path:
     unified = read_unified(lake)
     assert unified.height == 410 and unified["message"].n_unique() == 410
     assert unified.filter(pl.col("diff") != 1).height == 0
+
+
+class FakeClock:
+    """Stands in for the `time` module inside deltabus.pacing: simulated seconds."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_700_000_000.0 + self.now
+
+
+def simulate_tail(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch, *, stamped: bool, commits: int = 400
+) -> tuple[float, float]:
+    """A writer commits every 100 ms; each commit lands 10-30 ms after its timestamp, and
+    the writer's clock runs 2.5 s ahead of the tail's. The tail polls when its pacer says.
+    Returns (missed polls per commit, mean seconds from landing to being seen), both
+    measured after the first 50 commits."""
+    import random
+
+    import deltabus.pacing as pacing
+
+    clock = FakeClock()
+    monkeypatch.setattr(pacing, "time", clock)
+    rng = random.Random(7)
+    skew = 2.5
+    stamps = [clock.time() + 0.1 * k for k in range(commits)]  # the writer's clock
+    lands = [clock.now + 0.1 * k - skew + skew + rng.uniform(0.01, 0.03) for k in range(commits)]
+    pacer = Pacer(lake, "t", 0.02, threading.Event())
+    misses, pickup, nxt = 0, [], 0
+    while nxt < commits:
+        clock.now = max(clock.now, pacer._due)
+        landed = 0
+        while nxt + landed < commits and lands[nxt + landed] <= clock.now:
+            landed += 1
+        if landed:
+            if nxt >= 50:
+                pickup.extend(clock.now - lands[k] for k in range(nxt, nxt + landed))
+            nxt += landed
+            pacer.found(landed, (stamps[nxt - 1] + skew) * 1000 if stamped else None)
+        else:
+            misses += nxt >= 50
+            pacer.found(0)
+        clock.now += 0.002  # the GET and the work on what it found
+    return misses / (commits - 50), sum(pickup) / len(pickup)
+
+
+def test_stamped_commits_aim_the_first_poll_at_the_landing(
+    local_lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the writer's timestamps a tail misses about one first poll in five, whatever
+    the clock skew; pacing by its own hits alone misses more than once per commit."""
+    stamped_misses, stamped_pickup = simulate_tail(local_lake, monkeypatch, stamped=True)
+    plain_misses, plain_pickup = simulate_tail(local_lake, monkeypatch, stamped=False)
+    assert stamped_misses < 0.45, stamped_misses
+    assert plain_misses > 0.9, plain_misses
+    assert stamped_pickup < 0.015, stamped_pickup  # seen within a poll interval of landing
+
+
+def test_a_tail_reads_on_only_when_the_next_commit_is_due(
+    local_lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fresh commit the next one is not due: reading on would be a GET that finds
+    nothing. A commit older than a gap means the tail is behind: it reads on."""
+    import deltabus.pacing as pacing
+
+    clock = FakeClock()
+    monkeypatch.setattr(pacing, "time", clock)
+    pacer = Pacer(local_lake, "t", 0.02, threading.Event())
+    assert pacer.next_landed(clock.time() * 1000)  # nothing measured yet: read on
+    for _ in range(5):  # commits every 100 ms, each seen 15 ms after its timestamp
+        stamp = clock.time() * 1000
+        clock.now += 0.015
+        pacer.found(1, stamp)
+        clock.now += 0.085
+    fresh = clock.time() * 1000 - 15
+    assert not pacer.next_landed(fresh)
+    assert pacer.next_landed(fresh - 150)  # two gaps old: the next one has landed
+    assert pacer.next_landed(0)  # no timestamp: read on

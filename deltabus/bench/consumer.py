@@ -183,17 +183,19 @@ class DeltaUnifiedConsumer(TailConsumer):
         retry_storage(lambda: tail.start(self.next_version), what="read the unified table state")
 
     def idle(self) -> None:
-        self._pacer.wait()
+        """Nothing to do: every poll waits for its pacer first (`poll_once`)."""
 
     def poll_once(self) -> pa.Table | None:
         from deltabus.retry import retry_storage
 
+        # Also after a poll that found rows: polling again at once would only miss.
+        self._pacer.wait()
         tail = self._tail
         # One GET of the next commit file says whether it landed and what it added.
         parts = []
         notified = self._pacer.latest_notified()
         upto = notified if notified is not None and notified >= self.next_version else None
-        found = 0
+        found, commit_ms = 0, None
         while upto is None or self.next_version <= upto:
             version = self.next_version
             commit = retry_storage(lambda v=version: tail.commit(v), what="poll timezone_unified")
@@ -202,10 +204,12 @@ class DeltaUnifiedConsumer(TailConsumer):
             rows = retry_storage(lambda c=commit: tail.rows(c), what="read timezone_unified")
             self.next_version += 1
             self.versions += 1
-            found += 1
+            found, commit_ms = found + 1, commit.timestamp_ms
             if rows is not None:
                 parts.append(rows)
-        self._pacer.found(found)
+            if upto is None and not self._pacer.next_landed(commit_ms):
+                break  # the next one is not due yet: no GET that would find nothing
+        self._pacer.found(found, commit_ms)
         if not parts:
             return None
         seen_ms = time.time() * 1000

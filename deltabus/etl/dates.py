@@ -23,6 +23,8 @@ timestamp is computed by the Pathway expression.
 
 from __future__ import annotations
 
+from functools import cache
+
 import pathway as pw
 import polars as pl
 from pandas import Timestamp
@@ -88,18 +90,41 @@ def check_dates(dates: pl.Series) -> pl.DataFrame:
 
     Vectorised: one regex pass and integer arithmetic over the whole batch.
     """
-    g = (
+    fields, reason, canonical = _date_expressions()
+    out = (
         pl.DataFrame({"date": dates.cast(pl.String)})
         .with_columns(_g=pl.col("date").str.extract_groups(DATE_PATTERN))
         .unnest("_g")
+        .with_columns(*fields)
+        .select("date", reason=reason, canonical=canonical)
+        .with_columns(canonical=pl.when(pl.col("reason").is_null()).then(pl.col("canonical")))
     )
-    g = g.with_columns(
+    if (out["reason"] == MALFORMED).any():
+        # Say more about the common near misses (only batches that have some pay for it).
+        date = pl.col("date")
+        out = out.with_columns(
+            reason=pl.when(pl.col("reason") != MALFORMED)
+            .then(pl.col("reason"))
+            .when(date.str.strip_chars() != date)
+            .then(pl.lit(WHITESPACE))
+            .when(date.str.contains(r"[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{10,}"))
+            .then(pl.lit(LONG_FRACTION))
+            .otherwise(pl.col("reason"))
+        )
+    return out.select("reason", "canonical")
+
+
+@cache
+def _date_expressions() -> tuple[list[pl.Expr], pl.Expr, pl.Expr]:
+    """The expressions of `check_dates` over the regex groups: built once per process,
+    as building them cost more than running them on a batch of a few hundred rows."""
+    fields = [
         *(pl.col(c).cast(pl.Int64).alias(f"{c}_n") for c in _DATE_TIME_FIELDS),
-        off_minute=pl.coalesce("off_minute", "off_minute_c").fill_null("00"),
-        off_second=pl.coalesce("off_second", "off_second_c").fill_null("00"),
-        off_hour=pl.col("off_hour").fill_null("00"),
-        sign=pl.col("sign").fill_null("+"),
-    )
+        pl.coalesce("off_minute", "off_minute_c").fill_null("00").alias("off_minute"),
+        pl.coalesce("off_second", "off_second_c").fill_null("00").alias("off_second"),
+        pl.col("off_hour").fill_null("00").alias("off_hour"),
+        pl.col("sign").fill_null("+").alias("sign"),
+    ]
     y, mo, d = pl.col("year_n"), pl.col("month_n"), pl.col("day_n")
     h, mi, s = pl.col("hour_n"), pl.col("minute_n"), pl.col("second_n")
     oh, om, os_ = (pl.col(c).cast(pl.Int64) for c in ("off_hour", "off_minute", "off_second"))
@@ -140,22 +165,7 @@ def check_dates(dates: pl.Series) -> pl.DataFrame:
         pl.col("off_minute"),
         pl.col("off_second"),
     )
-    out = g.select("date", reason=reason, canonical=canonical).with_columns(
-        canonical=pl.when(pl.col("reason").is_null()).then(pl.col("canonical"))
-    )
-    if (out["reason"] == MALFORMED).any():
-        # Say more about the common near misses (only batches that have some pay for it).
-        date = pl.col("date")
-        out = out.with_columns(
-            reason=pl.when(pl.col("reason") != MALFORMED)
-            .then(pl.col("reason"))
-            .when(date.str.strip_chars() != date)
-            .then(pl.lit(WHITESPACE))
-            .when(date.str.contains(r"[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{10,}"))
-            .then(pl.lit(LONG_FRACTION))
-            .otherwise(pl.col("reason"))
-        )
-    return out.select("reason", "canonical")
+    return fields, reason, canonical
 
 
 def epoch_ns(canonical: pw.ColumnExpression) -> pw.ColumnExpression:

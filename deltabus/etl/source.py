@@ -149,8 +149,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             self._note_finished_before(self.next_version)
         pacer = Pacer(self.lake, self.table, self.poll_interval, self.stop)
         while not self.stop.is_set():
-            commits, refused = self._fetch_available(tail, pacer.latest_notified())
-            pacer.found(len(commits))
+            commits, refused = self._fetch_available(tail, pacer)
+            pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
             if commits:
                 self._emit(tail, commits)
             if refused is not None:
@@ -168,7 +168,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             pacer.wait()
 
     def _fetch_available(
-        self, tail: DeltaLogTail, notified: int | None = None
+        self, tail: DeltaLogTail, pacer: Pacer
     ) -> tuple[list[Commit], DeltabusError | None]:
         """The commits that have landed from `next_version` on (at most a read's worth),
         and the error of a version the tail refuses (the commits before it still go).
@@ -177,6 +177,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         version, the versions up to it are read without a GET that finds nothing after.
         """
         commits: list[Commit] = []
+        notified = pacer.latest_notified()
         upto = notified if notified is not None and notified >= self.next_version else None
         while len(commits) < self.max_versions_per_read:
             version = self.next_version + len(commits)
@@ -189,6 +190,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             if commit is None:
                 break
             commits.append(commit)
+            if upto is None and not pacer.next_landed(commit.timestamp_ms):
+                break  # the next one is not due yet: no GET that would find nothing
         return commits, None
 
     def _note_finished_before(self, version: int) -> None:

@@ -159,8 +159,8 @@ class PostgresSink:
             upto = None if self.config.follow else latest
             if upto is not None and self.position >= upto:
                 return
-            commits = self._fetch(tail, limit, upto)
-            pacer.found(len(commits))
+            commits = self._fetch(tail, limit, upto, pacer)
+            pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
             if commits:
                 self._apply(tail, commits)
                 self._progress()
@@ -170,7 +170,9 @@ class PostgresSink:
                 return
             pacer.wait()
 
-    def _fetch(self, tail: DeltaLogTail, limit: int, upto: int | None) -> list[Commit]:
+    def _fetch(
+        self, tail: DeltaLogTail, limit: int, upto: int | None, pacer: Pacer
+    ) -> list[Commit]:
         """The commits that have landed after the position (at most `limit`)."""
         commits: list[Commit] = []
         while len(commits) < limit:
@@ -181,6 +183,8 @@ class PostgresSink:
             if commit is None:
                 break
             commits.append(commit)
+            if not pacer.next_landed(commit.timestamp_ms):
+                break  # the next one is not due yet: no GET that would find nothing
         if commits:
             self.report.unified_version = max(self.report.unified_version, commits[-1].version)
         return commits
