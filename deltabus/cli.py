@@ -113,6 +113,17 @@ def check() -> None:
     print(f"ok: {lk.settings.describe()}")
 
 
+# Shared by `produce` and `etl`: both may be the first to record a lake's layout.
+PartitionsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Partitions per stream (1..64): each a Delta table of its own "
+        "(timezone1-p0 ...). Default: what the lake records (1 for a new lake). A lake "
+        "keeps the number it was first written with.",
+    ),
+]
+
+
 @app.command()
 def produce(
     rate: Annotated[float, typer.Option(help="Messages per second (open-loop schedule).")] = 10_000,
@@ -137,14 +148,7 @@ def produce(
         str | None,
         typer.Option(help="Run id; rerun with the same id to resume without duplicates."),
     ] = None,
-    partitions: Annotated[
-        int | None,
-        typer.Option(
-            help="Partitions per stream (1..64): each a Delta table of its own "
-            "(timezone1-p0 ...). Default: what the lake records (1 for a new lake). A lake "
-            "keeps the number it was first written with.",
-        ),
-    ] = None,
+    partitions: PartitionsOption = None,
 ) -> None:
     """Write messages from New York and Paris into timezone1 and timezone2 (or their
     partitions: a message goes to partition hash(message id) mod P of its stream)."""
@@ -222,14 +226,7 @@ def etl(
     processes: Annotated[
         int, typer.Option(help="ETL processes sharing the partitions (1..P).")
     ] = 1,
-    partitions: Annotated[
-        int | None,
-        typer.Option(
-            help="Partitions per stream (1..64): each a Delta table of its own "
-            "(timezone1-p0 ...). Default: what the lake records (1 for a new lake). A lake "
-            "keeps the number it was first written with.",
-        ),
-    ] = None,
+    partitions: PartitionsOption = None,
 ) -> None:
     """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
     from deltabus.etl.pipeline import EtlConfig, run_etl

@@ -582,3 +582,60 @@ def assert_exactly_once_or_rejected(lake: Lake, delivered: int) -> None:
     unified = read_table(lake, "timezone_unified")
     assert unified.height == delivered and unified["message"].n_unique() == delivered
     assert unified["diff"].to_list() == [1] * delivered
+
+
+# -- the producers' own shape: one regex test instead of the grammar's arithmetic ---------
+
+
+def producer_shaped(years: list[int], times: list[str], offsets: list[str]) -> list[str]:
+    return [
+        f"{y:04d}-{m:02d}-{d:02d} {t}.{(y * m * d) % 1_000_000:06d} {o}"
+        for y in years
+        for m in range(1, 13)
+        for d in range(1, 32)
+        for t in times
+        for o in offsets
+    ]
+
+
+def test_the_fast_shape_accepts_only_what_the_grammar_accepts_and_alike() -> None:
+    """Every date the fast pattern takes, the full grammar accepts with the same canonical
+    form; days that do not exist (Feb 30, Apr 31, Feb 29 of 1900 and 2100) fall through."""
+    values = producer_shaped(
+        [1899, 1900, 1999, 2000, 2024, 2026, 2099, 2100],
+        ["00:00:00", "23:59:59", "12:34:56"],
+        ["+0000", "-2359", "+2359", "+0530"],
+    )
+    text = pl.Series(values, dtype=pl.String)
+    fast = text.str.contains(dates.FAST_PATTERN)
+    grammar = dates._check_grammar(text)
+    assert fast.sum() > 0.6 * len(values)  # 6 of the 8 years, every real day but Feb 29
+    taken = grammar.filter(fast)
+    assert taken["reason"].null_count() == taken.height  # all accepted by the grammar
+    assert dates.check_dates(text.filter(fast)).equals(taken)
+    # What the fast pattern leaves to the grammar: other years, Feb 29, days out of month.
+    left = {v[:10] for v, f in zip(values, fast.to_list(), strict=True) if not f}
+    assert "2024-02-29" in left and "2026-04-31" in left and "2100-01-01" in left
+    assert "2026-11-30" not in left and "2026-12-31" not in left
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2099, 12, 31)),
+            st.integers(-(24 * 60 - 1), 24 * 60 - 1),
+        ),
+        min_size=1,
+        max_size=200,
+    )
+)
+def test_producer_shaped_batches_are_checked_as_the_grammar_checks_them(
+    rows: list[tuple[datetime, int]],
+) -> None:
+    values = [
+        f"{t:%Y-%m-%d %H:%M:%S.%f} {'-' if o < 0 else '+'}{abs(o) // 60:02d}{abs(o) % 60:02d}"
+        for t, o in rows
+    ]
+    text = pl.Series(values, dtype=pl.String)
+    assert dates.check_dates(text).equals(dates._check_grammar(text))
