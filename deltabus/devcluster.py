@@ -11,14 +11,12 @@ import signal
 import socket
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
-from deltabus.devserver import LOCAL_HOSTS, _alive, _ensure_secret
+from deltabus.devserver import LOCAL_LAKE, _alive, local_minio_settings
 from deltabus.devserver import minio_down as single_down
 from deltabus.errors import ConfigError
 from deltabus.lake import Lake
 from deltabus.local_minio import MAX_CLUSTER_NODES, MIN_CLUSTER_NODES, MinioCluster, build_minio
-from deltabus.settings import load_settings
 
 PID_FILE = "minio-cluster.pids"
 
@@ -67,19 +65,11 @@ def _pids(data_dir: Path) -> list[int]:
 
 def cluster_up(env_file: Path | None, data_dir: Path, nodes: int) -> str:
     check_nodes(nodes)
-    settings = load_settings(env_file)
-    if settings.storage == "local":
-        return "DELTABUS_STORAGE=local: the lake is a local directory, no MinIO needed"
-    url = urlparse(settings.minio_endpoint)
-    if url.hostname not in LOCAL_HOSTS or url.scheme != "http" or not url.port:
-        raise ConfigError(
-            f"DELTABUS_MINIO_ENDPOINT={settings.minio_endpoint} is not a local http://127.0.0.1:PORT",
-            "point it at a loopback port, or run your own MinIO and use `deltabus init-bucket`",
-        )
-    written = _ensure_secret(env_file)
-    settings = load_settings(env_file)
-    notes = [f"wrote new credentials to {written}"] if written else []
-    ports = [url.port + i for i in range(nodes)]
+    local = local_minio_settings(env_file)
+    if local is None:
+        return LOCAL_LAKE
+    settings, port, notes = local
+    ports = [port + i for i in range(nodes)]
     if any(_running(pid) for pid in _pids(data_dir)):
         notes.append(f"distributed MinIO already running at {settings.minio_endpoint}")
     elif _alive(settings.minio_endpoint):

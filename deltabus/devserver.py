@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from deltabus.errors import ConfigError
 from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer, build_minio
-from deltabus.settings import load_settings
+from deltabus.settings import Settings, load_settings
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
@@ -42,10 +42,18 @@ def _alive(endpoint: str) -> bool:
         return False
 
 
-def minio_up(env_file: Path | None, data_dir: Path) -> str:
+LOCAL_LAKE = "DELTABUS_STORAGE=local: the lake is a local directory, no MinIO needed"
+
+
+def local_minio_settings(env_file: Path | None) -> tuple[Settings, int, list[str]] | None:
+    """Settings for a development MinIO on loopback, with credentials ensured in `env_file`:
+    (settings, the endpoint's port, notes for the user); None for a local-directory lake.
+
+    Raises `ConfigError` when the endpoint is not a local http://127.0.0.1:PORT.
+    """
     settings = load_settings(env_file)
     if settings.storage == "local":
-        return "DELTABUS_STORAGE=local: the lake is a local directory, no MinIO needed"
+        return None
     url = urlparse(settings.minio_endpoint)
     if url.hostname not in LOCAL_HOSTS or url.scheme != "http" or not url.port:
         raise ConfigError(
@@ -53,8 +61,15 @@ def minio_up(env_file: Path | None, data_dir: Path) -> str:
             "point it at a loopback port, or run your own MinIO and use `deltabus init-bucket`",
         )
     written = _ensure_secret(env_file)
-    settings = load_settings(env_file)
     notes = [f"wrote new credentials to {written}"] if written else []
+    return load_settings(env_file), url.port, notes
+
+
+def minio_up(env_file: Path | None, data_dir: Path) -> str:
+    local = local_minio_settings(env_file)
+    if local is None:
+        return LOCAL_LAKE
+    settings, port, notes = local
     if _alive(settings.minio_endpoint):
         notes.append(f"MinIO already running at {settings.minio_endpoint}")
     else:
@@ -62,7 +77,7 @@ def minio_up(env_file: Path | None, data_dir: Path) -> str:
             data_dir.resolve() / "data",
             settings.access_key,
             settings.secret_key.get_secret_value(),  # type: ignore[union-attr]
-            port=url.port,
+            port=port,
             binary=build_minio(),
         )
         server.start()

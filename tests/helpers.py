@@ -9,10 +9,12 @@ from datetime import datetime
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.partitions import read_layout
+from deltabus.tables import UNIFIED_SCHEMA
 
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
 
@@ -76,3 +78,16 @@ def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 60) ->
         assert process.poll() is None, f"process exited early: {process.communicate()[1][-2000:]}"
         assert time.monotonic() < deadline, f"{path} did not appear in {timeout}s"
         time.sleep(0.05)
+
+
+def unified_rows(start: int, n: int) -> pa.Table:
+    """Rows m{start} .. m{start + n - 1} in the unified table's schema, for writer tests."""
+    return pa.Table.from_pydict(
+        {
+            "timestamp": [float(i) + 0.5 for i in range(start, start + n)],
+            "message": [f"m{i}" for i in range(start, start + n)],
+            "time": list(range(start, start + n)),
+            "diff": [1] * n,
+        },
+        schema=UNIFIED_SCHEMA,
+    )

@@ -28,21 +28,10 @@ from deltabus.fast_append import TableAppender
 from deltabus.lake import Lake
 from deltabus.settings import Settings
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table, metadata
+from tests.helpers import unified_rows as rows
 from tests.test_spark_interop import s3a, spark  # noqa: F401 - fixture
 
 ACTION_KINDS = ("add", "remove", "txn", "protocol", "metaData", "domainMetadata")
-
-
-def rows(start: int, n: int) -> pa.Table:
-    return pa.Table.from_pydict(
-        {
-            "timestamp": [float(i) + 0.5 for i in range(start, start + n)],
-            "message": [f"m{i}" for i in range(start, start + n)],
-            "time": list(range(start, start + n)),
-            "diff": [1] * n,
-        },
-        schema=UNIFIED_SCHEMA,
-    )
 
 
 def append(appender: TableAppender, seq: int, data: pa.Table, cp: BackgroundCheckpointer | None):

@@ -15,18 +15,7 @@ from deltabus.duck import lake_connection
 from deltabus.fast_append import TableAppender, eligible
 from deltabus.lake import Lake
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table, meta, metadata
-
-
-def rows(start: int, n: int) -> pa.Table:
-    return pa.Table.from_pydict(
-        {
-            "timestamp": [float(i) + 0.5 for i in range(start, start + n)],
-            "message": [f"m{i}" for i in range(start, start + n)],
-            "time": list(range(start, start + n)),
-            "diff": [1] * n,
-        },
-        schema=UNIFIED_SCHEMA,
-    )
+from tests.helpers import unified_rows as rows
 
 
 def append(appender: TableAppender, seq: int, data: pa.Table, app_id: str = "w") -> bool:

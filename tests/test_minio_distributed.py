@@ -218,3 +218,37 @@ def test_cli_refuses_two_or_three_nodes(tmp_path: Path) -> None:
         assert result.returncode == 2, result.stdout + result.stderr
         assert f"--nodes {nodes}: use 1" in result.stderr
     assert not (tmp_path / ".env").exists() and not (tmp_path / ".deltabus").exists()
+
+
+def test_cli_minio_up_single_node_writes_credentials_and_down(tmp_path: Path) -> None:
+    """`deltabus minio up` without --nodes: one server, credentials written to the env file
+    once (never printed), the bucket created; a remote endpoint is refused."""
+    minio_binary()
+    port = _free_port_run(1)
+    env_file = tmp_path / "dev.env"
+    env_file.write_text(
+        f"DELTABUS_MINIO_ENDPOINT=http://127.0.0.1:{port}\nDELTABUS_BUCKET=dev-single\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
+    data_dir = tmp_path / "minio"
+    up = ["--env-file", str(env_file), "minio", "up", "--data-dir", str(data_dir)]
+    down = ["minio", "down", "--data-dir", str(data_dir)]
+    try:
+        result = run_cli(up, env, tmp_path, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"wrote new credentials to {env_file}" in result.stdout
+        assert "bucket 'dev-single' created" in result.stdout
+        secret = next(
+            line.split("=", 1)[1]
+            for line in env_file.read_text().splitlines()
+            if line.startswith("DELTABUS_SECRET_KEY=")
+        )
+        assert secret not in result.stdout + result.stderr
+        again = run_cli(up, env, tmp_path, timeout=60)
+        assert "already running" in again.stdout and "wrote new" not in again.stdout
+    finally:
+        stopped = run_cli(down, env, tmp_path, timeout=60)
+    assert stopped.returncode == 0 and "stopped MinIO" in stopped.stdout
+    env_file.write_text("DELTABUS_MINIO_ENDPOINT=http://minio.example:9000\n")
+    remote = run_cli(up, env, tmp_path, timeout=60)
+    assert remote.returncode == 2 and "is not a local http://127.0.0.1:PORT" in remote.stderr
