@@ -10,27 +10,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
+from deltabus.devserver import LOCAL_HOSTS
 from deltabus.errors import ConfigError, DeltabusError
-from deltabus.local_minio import free_port
+from deltabus.local_minio import free_port, port_taken
 from deltabus.local_postgres import PostgresServer
 from deltabus.serving import pg
 from deltabus.settings import ENV_FILE_VAR, load_settings
 
 DEFAULT_PORT = 55432
-LOCAL_HOSTS = ("127.0.0.1", "localhost")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _write_dsn(env_file: Path | None, dsn: str) -> Path:
@@ -59,7 +49,7 @@ def postgres_up(env_file: Path | None, data_dir: Path) -> str:
                 "restore the DELTABUS_POSTGRES_DSN line in .env, or remove "
                 f"{data_dir} to start afresh",
             )
-        port = DEFAULT_PORT if _port_free(DEFAULT_PORT) else free_port()
+        port = free_port() if port_taken(DEFAULT_PORT) else DEFAULT_PORT
         server = PostgresServer(data_dir, port=port).start()
         written = _write_dsn(env_file, server.dsn)
         return f"{server.describe()} started (pid {server.process.pid}); DSN written to {written}"  # type: ignore[union-attr]

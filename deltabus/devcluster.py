@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -16,7 +15,13 @@ from deltabus.devserver import LOCAL_LAKE, _alive, local_minio_settings
 from deltabus.devserver import minio_down as single_down
 from deltabus.errors import ConfigError
 from deltabus.lake import Lake
-from deltabus.local_minio import MAX_CLUSTER_NODES, MIN_CLUSTER_NODES, MinioCluster, build_minio
+from deltabus.local_minio import (
+    MAX_CLUSTER_NODES,
+    MIN_CLUSTER_NODES,
+    MinioCluster,
+    build_minio,
+    port_taken,
+)
 
 PID_FILE = "minio-cluster.pids"
 
@@ -49,15 +54,6 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def _pids(data_dir: Path) -> list[int]:
     path = data_dir / PID_FILE
     return [int(line) for line in path.read_text().split()] if path.exists() else []
@@ -78,7 +74,7 @@ def cluster_up(env_file: Path | None, data_dir: Path, nodes: int) -> str:
             "stop it with `deltabus minio down`, or point DELTABUS_MINIO_ENDPOINT elsewhere",
         )
     else:
-        taken = [p for p in ports if _port_taken(p)]
+        taken = [p for p in ports if port_taken(p)]
         if taken:
             raise ConfigError(
                 f"ports {taken} on 127.0.0.1 are in use; {nodes} nodes need ports"

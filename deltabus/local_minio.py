@@ -67,6 +67,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_taken(port: int) -> bool:
+    """True when something already listens on (or holds) `port` on 127.0.0.1."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 class MinioServer:
     """One MinIO process with its own data directory, bound to 127.0.0.1."""
 

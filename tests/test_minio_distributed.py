@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.devcluster import PID_FILE, _port_taken, _running
+from deltabus.devcluster import PID_FILE, _running
 from deltabus.lake import Lake
-from deltabus.local_minio import MinioCluster, build_minio, find_minio
+from deltabus.local_minio import MinioCluster, build_minio, find_minio, port_taken
 from deltabus.processes import LAKE_ENV_PREFIXES
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
 from tests.helpers import assert_exactly_once, etl_process, wait_for_file
@@ -168,7 +168,7 @@ def _free_port_run(nodes: int) -> int:
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(20_000, 40_000)
-        if not any(_port_taken(base + i) for i in range(nodes)):
+        if not any(port_taken(base + i) for i in range(nodes)):
             return base
     raise AssertionError("no run of free ports found")
 

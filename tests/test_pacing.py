@@ -147,8 +147,9 @@ def simulate_tail(
     monkeypatch.setattr(pacing, "time", clock)
     rng = random.Random(7)
     skew = 2.5
-    stamps = [clock.time() + 0.1 * k for k in range(commits)]  # the writer's clock
-    lands = [clock.now + 0.1 * k - skew + skew + rng.uniform(0.01, 0.03) for k in range(commits)]
+    # Commit k: stamped by the writer's clock (ms), landing 10-30 ms later by the tail's.
+    stamps = [(clock.time() + skew + 0.1 * k) * 1000 for k in range(commits)]
+    lands = [clock.now + 0.1 * k + rng.uniform(0.01, 0.03) for k in range(commits)]
     pacer = Pacer(lake, "t", 0.02, threading.Event())
     misses, pickup, nxt = 0, [], 0
     while nxt < commits:
@@ -160,7 +161,7 @@ def simulate_tail(
             if nxt >= 50:
                 pickup.extend(clock.now - lands[k] for k in range(nxt, nxt + landed))
             nxt += landed
-            pacer.found(landed, (stamps[nxt - 1] + skew) * 1000 if stamped else None)
+            pacer.found(landed, stamps[nxt - 1] if stamped else None)
         else:
             misses += nxt >= 50
             pacer.found(0)
