@@ -27,6 +27,8 @@ from functools import cache
 
 import pathway as pw
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 from pandas import Timestamp
 
 # The contract's format (Python strptime), which every producer row follows.
@@ -46,6 +48,7 @@ DATE_PATTERN = (
 # acceptance needs no arithmetic: years 1900-2099 (far inside the accepted range whatever
 # the offset), days that exist in their month (February 29 excepted), hours, minutes and
 # seconds in range (no leap second), a 6-digit fraction and an offset of hours under 24.
+# Arrow runs it (RE2, where `$` too is the end of the text only).
 # A batch whose dates all match is accepted as it is; any other runs the full grammar.
 FAST_PATTERN = (
     r"^(?:19|20)[0-9]{2}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])"
@@ -104,18 +107,35 @@ def check_dates(dates: pl.Series) -> pl.DataFrame:
     the producers' own shape (FAST_PATTERN) needs one regex test and string slices.
     """
     text = dates.cast(pl.String)
-    if text.len() and text.str.contains(FAST_PATTERN).fill_null(False).all():
-        # Canonical: the fraction padded to 9 digits, the offset given its seconds.
-        return pl.DataFrame({"date": text}).select(
-            reason=pl.lit(None, pl.String),
-            canonical=pl.concat_str(
-                pl.col("date").str.slice(0, 26),
-                pl.lit("000 "),
-                pl.col("date").str.slice(27, 5),
-                pl.lit("00"),
-            ),
+    canonical = fast_canonical(text.to_arrow())
+    if canonical is not None:
+        return pl.DataFrame(
+            {"reason": pl.Series([None] * len(text), dtype=pl.String), "canonical": canonical}
         )
     return _check_grammar(text)
+
+
+def fast_canonical(dates: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray | None:
+    """The canonical forms of a batch whose every date has the producers' shape
+    (FAST_PATTERN), or None when one does not (then the full grammar decides).
+
+    Arrow compute, a few array passes: a producer's batch costs about 0.2 ms per 500
+    rows here where building Polars expressions for it costs 1 ms. The canonical form is
+    the fraction padded to 9 digits and the offset given its seconds.
+    """
+    if not len(dates) or dates.null_count:
+        return None
+    dates = dates.cast(pa.large_string())
+    if not pc.all(pc.match_substring_regex(dates, FAST_PATTERN)).as_py():
+        return None
+    pad, seconds, sep = (pa.scalar(v, pa.large_string()) for v in ("000 ", "00", ""))
+    return pc.binary_join_element_wise(
+        pc.utf8_slice_codeunits(dates, 0, 26),
+        pad,
+        pc.utf8_slice_codeunits(dates, 27, 32),
+        seconds,
+        sep,
+    )
 
 
 def _check_grammar(text: pl.Series) -> pl.DataFrame:

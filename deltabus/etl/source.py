@@ -263,9 +263,16 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             valid = self._validate(batch)
             self.stats.rows += valid.height
             self.stats.retractions += int((valid["_diff"] < 0).sum())
-            for (version,), part in valid.partition_by(
-                "_commit_version", as_dict=True, maintain_order=True
-            ).items():
+            if len(parts) == 1:  # one commit's rows, as at any steady rate: no grouping
+                groups = [(parts[0]["_commit_version"][0].as_py(), valid)] if valid.height else []
+            else:
+                groups = [
+                    (version, part)
+                    for (version,), part in valid.partition_by(
+                        "_commit_version", as_dict=True, maintain_order=True
+                    ).items()
+                ]
+            for version, part in groups:
                 self.next(
                     rows=list(
                         zip(

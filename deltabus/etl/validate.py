@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltabus.etl.dates import check_dates
+from deltabus.etl.dates import check_dates, fast_canonical
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,56 @@ def split_valid(batch: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def _split(batch: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame]:
+    valid = _producer_batch(batch)
+    if valid is not None:
+        return valid, pl.DataFrame(schema=REJECTS_SCHEMA)
+    return _split_rows(batch)
+
+
+def _producer_batch(batch: pa.Table) -> pl.DataFrame | None:
+    """The rows of a batch shaped as deltabus producers write it, all valid, checked in
+    Arrow alone (a few array passes); None when anything differs, and `_split_rows` then
+    decides row by row. Producer batches are nearly every batch a stream carries, and
+    this is a fifth of the cost of the general path."""
+    names = batch.column_names
+    if not batch.num_rows or any(c not in EXPECTED and c not in CDF_COLUMNS for c in names):
+        return None
+    if any(c not in names for c in EXPECTED):
+        return None
+    date, message = batch.column("date"), batch.column("message")
+    if not all(
+        pa.types.is_string(c.type) or pa.types.is_large_string(c.type) for c in (date, message)
+    ):
+        return None
+    if message.null_count:
+        return None
+    try:  # Arrow's readers do not check UTF-8
+        date.validate(full=True)
+        message.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    if pc.max(pc.binary_length(message)).as_py() > MAX_MESSAGE_BYTES:
+        return None
+    canonical = fast_canonical(date)
+    if canonical is None:
+        return None
+    ones = pa.array(np.ones(batch.num_rows, dtype=np.int64))
+    valid = pl.from_arrow(
+        pa.table(
+            {
+                "date": canonical.cast(pa.large_string()),
+                "message": message.cast(pa.large_string()),
+                "_commit_version": batch.column("_commit_version").cast(pa.int64()),
+                "_diff": batch.column("_diff").cast(pa.int64()) if "_diff" in names else ones,
+            }
+        )
+    )
+    assert isinstance(valid, pl.DataFrame)
+    return valid
+
+
+def _split_rows(batch: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`split_valid` for any batch: each row checked, each reject given its reason."""
     columns = batch.column_names
     data_columns = [c for c in columns if c not in CDF_COLUMNS]
     extra = [c for c in data_columns if c not in EXPECTED]
