@@ -88,8 +88,11 @@ class MinioServer:
         port: int | None = None,
         binary: Path | None = None,
         public_metrics: bool = False,
+        webhook: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # Where MinIO's webhook target DELTABUS posts bucket events (deltabus.notify_relay).
+        self.webhook = webhook
         self.access_key = access_key
         self.secret_key = secret_key
         self.port = port or free_port()
@@ -115,6 +118,9 @@ class MinioServer:
         }
         if self.public_metrics:
             env["MINIO_PROMETHEUS_AUTH_TYPE"] = "public"
+        if self.webhook:
+            env["MINIO_NOTIFY_WEBHOOK_ENABLE_DELTABUS"] = "on"
+            env["MINIO_NOTIFY_WEBHOOK_ENDPOINT_DELTABUS"] = self.webhook
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         self.process = subprocess.Popen(
             [

@@ -89,7 +89,9 @@ class CommitNotifier:
 
     def __init__(self, lake: Lake) -> None:
         s = lake.settings
-        self._url = urlsplit(s.minio_endpoint)
+        # The relay of MinIO's webhook events (deltabus.notify_relay), or MinIO itself.
+        self._relay = urlsplit(s.notify_url) if s.notify_url else None
+        self._url = self._relay or urlsplit(s.minio_endpoint)
         self._bucket = s.bucket
         self._region = s.region
         self._access_key = s.access_key
@@ -185,7 +187,10 @@ class CommitNotifier:
                 if self._stop.is_set():
                     return
                 self._conn = conn
-            path, headers = self._signed_request()
+            if self._relay is not None:
+                path, headers = self._relay.path or "/events", {"Host": self._relay.netloc}
+            else:
+                path, headers = self._signed_request()
             conn.request("GET", path, headers=headers)
             # MinIO subscribes before it sends anything and flushes the headers with the
             # first ping or event, so a response here means nothing from now on is missed.
@@ -254,7 +259,10 @@ class CommitNotifier:
                 pass
             try:
                 key = str(record["s3"]["object"]["key"])
-            except (KeyError, TypeError):
+                bucket = record["s3"].get("bucket", {}).get("name", self._bucket)
+            except (KeyError, TypeError, AttributeError):
+                continue
+            if bucket != self._bucket:  # a relay carries every bucket's events
                 continue
             match = self._commit(key) or self._commit(unquote_plus(key))
             if match is None:
@@ -310,3 +318,12 @@ def notifier_for(lake: Lake) -> CommitNotifier | None:
         if notifier is None or notifier.closed:
             notifier = _shared[key] = CommitNotifier(lake)
         return notifier
+
+
+def close_all() -> None:
+    """Close every notifier of this process (a benchmark before it stops its relay)."""
+    with _shared_lock:
+        notifiers = list(_shared.values())
+        _shared.clear()
+    for notifier in notifiers:
+        notifier.close()

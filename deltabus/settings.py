@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     # for stores that stream them as they happen; off by default because current MinIO
     # releases hold them back in batches (docs/benchmarks.md). Tails poll either way.
     notify: bool = False
+    # Where commit events come from when `notify` is on: None reads MinIO's listen API at
+    # the endpoint; a `deltabus notify relay` URL (http://host:port/events) reads the events
+    # MinIO's webhook target pushes to that relay (deltabus.notify_relay).
+    notify_url: str | None = None
     # Longest pause between polls of a table that has gone quiet (milliseconds).
     idle_poll_ms: float = Field(1000.0, ge=1, le=60_000, allow_inf_nan=False)
     # PostgreSQL the serving sink writes to (`deltabus serve postgres`), as a libpq URI or
@@ -103,6 +107,13 @@ class Settings(BaseSettings):
                 "bucket names are 3-63 characters of lowercase letters, digits, '.' and '-'"
             )
         return value
+
+    @field_validator("notify_url")
+    @classmethod
+    def _notify_url_is_http(cls, value: str | None) -> str | None:
+        if value and not value.startswith("http://"):
+            raise ValueError("must start with http:// (a deltabus notify relay)")
+        return value or None
 
     @field_validator("minio_endpoint")
     @classmethod
@@ -132,6 +143,8 @@ class Settings(BaseSettings):
             "DELTABUS_NOTIFY": "true" if self.notify else "false",
             "DELTABUS_IDLE_POLL_MS": f"{self.idle_poll_ms:g}",
         }
+        if self.notify_url:
+            env["DELTABUS_NOTIFY_URL"] = self.notify_url
         if self.log_retention_s is not None:
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)
         if self.secret_key is not None:

@@ -130,6 +130,14 @@ def bench(
             "this many seconds and report their CPU and object-store requests (idle cost)."
         ),
     ] = 0,
+    notify: Annotated[
+        bool,
+        typer.Option(
+            help="With --local-minio: MinIO pushes every commit to a `deltabus notify relay` "
+            "(its webhook target) and tails wait on those events instead of polling; the "
+            "relay's CPU is a component of its own."
+        ),
+    ] = False,
     progress: Annotated[
         bool, typer.Option(help="Live progress on stderr (a terminal only; else log lines).")
     ] = True,
@@ -169,6 +177,7 @@ def bench(
         etl_poll_ms=etl_poll_ms,
         interval_s=interval,
         idle_s=idle_s,
+        notify=notify,
         serve=serve.strip().lower() if serve else None,
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
@@ -199,13 +208,26 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
 
     from deltabus.bench.environment import minio_configured, throwaway_minio
     from deltabus.bench.runner import Bench
+    from deltabus.errors import ConfigError
     from deltabus.lake import Lake
 
     if local_minio is None:
         local_minio = not minio_configured(settings) and settings.storage == "minio"
     if local_minio:
-        with throwaway_minio() as (minio_settings, pid):
-            return Bench(config, minio_settings, minio_pid=pid, show_progress=show_progress).run()
+        with throwaway_minio(notify=config.notify) as (minio_settings, pids):
+            return Bench(
+                config,
+                minio_settings,
+                minio_pid=pids["minio"],
+                relay_pid=pids.get("relay"),
+                show_progress=show_progress,
+            ).run()
+    if config.notify:
+        raise ConfigError(
+            "--notify starts its own MinIO and relay: add --local-minio",
+            "for your own MinIO, run `deltabus notify relay`, point MinIO's webhook target at it "
+            "and set DELTABUS_NOTIFY=true and DELTABUS_NOTIFY_URL (docs/design.md)",
+        )
     Lake(settings).check(write=True)
     return Bench(
         config, settings, minio_pid=_minio_pid(settings), show_progress=show_progress

@@ -72,6 +72,7 @@ class BenchConfig:
     etl_poll_ms: float | None = None  # None: the ETL's own default
     interval_s: float = 1.0  # bucket of the latency-over-time plots
     idle_s: float = 0.0  # after the run, measure the cost of the idle pipeline this long
+    notify: bool = False  # tails woken by MinIO's pushed commit events (a relay), not polls
     serve: str | None = None  # "postgres": the serving sink as a stage (deltabus.bench.serving)
     command: str = ""
     extra: dict = field(default_factory=dict)

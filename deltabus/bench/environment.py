@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psutil
@@ -28,33 +28,92 @@ def minio_configured(settings: Settings) -> bool:
 
 
 @contextmanager
-def throwaway_minio(bucket: str = "deltabus-bench") -> Iterator[tuple[Settings, int]]:
-    """A MinIO on a free loopback port with a temporary data directory (removed after)."""
+def throwaway_minio(
+    bucket: str = "deltabus-bench", notify: bool = False
+) -> Iterator[tuple[Settings, dict[str, int]]]:
+    """A MinIO on a free loopback port with a temporary data directory (removed after);
+    yields its settings and the pids to account CPU to ("minio", and "relay" with
+    `notify`: a `deltabus notify relay` process MinIO's webhook target posts commits to)."""
     from deltabus.local_minio import MinioServer
+    from deltabus.notify_relay import subscribe
 
-    with tempfile.TemporaryDirectory(prefix="deltabus-bench-minio-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="deltabus-bench-minio-") as tmp, ExitStack() as stack:
+        relay_url = None
+        pids: dict[str, int] = {}
+        if notify:
+            relay_url, pids["relay"] = stack.enter_context(_relay_process(Path(tmp)))
         server = MinioServer(
             Path(tmp) / "data",
             access_key="bench-" + secrets.token_hex(4),
             secret_key=secrets.token_urlsafe(18),
             public_metrics=True,
+            webhook=f"{relay_url}/minio" if relay_url else None,
         )
         server.start()
+        stack.callback(server.stop)
+        settings = Settings(
+            storage="minio",
+            minio_endpoint=server.endpoint,
+            access_key=server.access_key,
+            secret_key=server.secret_key,
+            bucket=bucket,
+            prefix="lake",
+            notify=notify,
+            notify_url=f"{relay_url}/events" if relay_url else None,
+        )
+        Lake(settings).init_bucket()
+        if notify:
+            subscribe(Lake(settings))
+        if notify:  # this process's tails read the relay: close them before it stops
+            from deltabus.notify import close_all
+
+            stack.callback(close_all)
+        log.info("throwaway MinIO on %s (data in %s)", server.endpoint, tmp)
+        assert server.process is not None
+        pids["minio"] = server.process.pid
+        yield settings, pids
+
+
+@contextmanager
+def _relay_process(tmp: Path) -> Iterator[tuple[str, int]]:
+    """`deltabus notify relay` on a free loopback port, as its own process (its CPU is a
+    component of its own); (its URL, its pid)."""
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from deltabus.local_minio import free_port
+
+    port = free_port()
+    log_file = open(tmp / "relay.log", "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deltabus", "notify", "relay", "--port", str(port)],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/ready", timeout=1)
+            except urllib.error.HTTPError:
+                break  # it answers
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the notify relay did not start: see {tmp / 'relay.log'}"
+                    ) from None
+                time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
         try:
-            settings = Settings(
-                storage="minio",
-                minio_endpoint=server.endpoint,
-                access_key=server.access_key,
-                secret_key=server.secret_key,
-                bucket=bucket,
-                prefix="lake",
-            )
-            Lake(settings).init_bucket()
-            log.info("throwaway MinIO on %s (data in %s)", server.endpoint, tmp)
-            assert server.process is not None
-            yield settings, server.process.pid
-        finally:
-            server.stop()
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log_file.close()
 
 
 def machine_description() -> str:

@@ -153,9 +153,10 @@ def cost_markdown(runs: list[dict]) -> list[str]:
                 f"({', '.join(f'{k} {v}' for k, v in cpu.items())}), "
                 f"{q.get('total', 'n/a')} requests/s"
                 + (
-                    f"; the first commit sent after it was seen {first:.2f} s later."
+                    f"; the first messages sent after it: latency {first:.2f} s"
+                    f" ({idle.get('producer_start_to_seen_s', 0):.2f} s from starting a producer)."
                     if (first := idle.get("first_after_idle_s")) is not None
-                    else "."
+                    else "; the first messages sent after it were not seen within 30 s."
                 )
             )
     if prices:
