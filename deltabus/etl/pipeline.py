@@ -25,7 +25,7 @@ from deltabus.etl.fence import claim
 from deltabus.etl.positions import recorded_finished_runs, recorded_positions
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.sink import DeltaSinkObserver
-from deltabus.etl.source import BatchSchema, CommitClock, DeltaTailSubject
+from deltabus.etl.source import BatchSchema, DeltaTailSubject
 from deltabus.fast_append import TableAppender
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.intervals import (
@@ -51,6 +51,7 @@ class EtlConfig:
     expected_producers: int = 1
     # Bounded mode: stop at these producer runs' finish markers, not at a count of runs.
     until_runs: frozenset[str] = frozenset()
+    autocommit_ms: int = 10
     threads: int = 1
     # This ETL is process `process` of `processes`, and owns the partitions i with
     # i mod processes == process (deltabus.partitions); 0 of 1 owns them all.
@@ -133,7 +134,6 @@ def _partition_flow(
     rejects: RejectsWriter,
     mark_ready: Callable[[], None],
     epochs: dict[str, int],
-    clock: CommitClock,
 ) -> _Flow:
     """Tail partition `partition` of both inputs into its unified table: claim that table
     (fencing any older ETL of it), resume from its recorded positions, and add the
@@ -173,7 +173,6 @@ def _partition_flow(
             on_start=mark_ready,
             finished_runs=finished.get(source, set()),
             skip_change_commits=lake.settings.skip_change_commits,
-            clock=clock,
         )
         for source in inputs
     ]
@@ -181,7 +180,7 @@ def _partition_flow(
         pw.io.python.read(
             subject,
             schema=BatchSchema,
-            autocommit_duration_ms=None,  # the clock commits every input at once
+            autocommit_duration_ms=config.autocommit_ms,
             name=f"delta_{subject.table}",
         )
         for subject in subjects
@@ -198,7 +197,6 @@ def _partition_flow(
         on_failure=lambda _exc: stop.set(),
     )
     pw.io.python.write(unified_rows, sink, name=f"delta_{table}")
-    clock.add_sink(sink.delivered)
     return _Flow(subjects, sink, positions)
 
 
@@ -229,9 +227,8 @@ def run_etl(
         tmp.replace(ready_file)
 
     rejects = RejectsWriter(lake)
-    clock = CommitClock()  # one for the process: Pathway's times span every input
     flows = [
-        _partition_flow(lake, config, layout, i, mode, stop, rejects, mark_ready, epochs, clock)
+        _partition_flow(lake, config, layout, i, mode, stop, rejects, mark_ready, epochs)
         for i in owned
     ]
     subjects = [s for flow in flows for s in flow.subjects]

@@ -124,10 +124,6 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         if self._error is not None and self.on_failure is None:
             raise RuntimeError("Delta sink failed") from self._error
 
-    def delivered(self) -> dict[str, int]:
-        """The highest version per input whose rows have reached this sink."""
-        return self._delivered
-
     # -- committer thread ---------------------------------------------------------------
 
     def _commit_loop(self) -> None:

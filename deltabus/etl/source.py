@@ -59,83 +59,6 @@ class SourceStats:
     skipped_change_commits: int = 0  # DELTABUS_SKIP_CHANGE_COMMITS
 
 
-class CommitClock:
-    """Closes the Pathway minibatch on every input of the dataflow at once when rows were
-    sent, and again until the sinks have them.
-
-    Pathway releases a time only once every input has moved past it. With its timer
-    (`autocommit_duration_ms`) each input wakes every few milliseconds, idle or not, and a
-    row waits for the next tick. Committing every input the moment one sent rows releases
-    them at once and costs nothing while the stream is quiet. Each input's commits are
-    timed as Pathway's reader of that input takes them, so another input's commit can be
-    taken before the rows it was meant to follow: the clock commits every input again
-    each `RETICK_S` until every sent version has reached a sink (`delivered`), so no row
-    is ever left behind by a quiet input.
-    """
-
-    RETICK_S = 0.005
-
-    def __init__(self) -> None:
-        self._subjects: list[pw.io.python.ConnectorSubject] = []
-        self._delivered: list[Callable[[], dict[str, int]]] = []
-        self._sent: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._pending = threading.Event()
-        self._thread = threading.Thread(target=self._retick, name="commit-clock", daemon=True)
-        self._thread.start()
-
-    def add(self, subject: pw.io.python.ConnectorSubject) -> None:
-        with self._lock:
-            self._subjects.append(subject)
-
-    def add_sink(self, delivered: Callable[[], dict[str, int]]) -> None:
-        """A sink's highest version per input that has reached it (at a time end)."""
-        with self._lock:
-            self._delivered.append(delivered)
-
-    def remove(self, subject: pw.io.python.ConnectorSubject) -> None:
-        """An input that has ended takes no more commits."""
-        with self._lock:
-            self._subjects = [s for s in self._subjects if s is not subject]
-
-    def sent(self, source: str, version: int) -> None:
-        """Rows of `source` up to `version` were sent: commit every input now and until
-        they have reached a sink."""
-        with self._lock:
-            self._sent[source] = max(version, self._sent.get(source, -1))
-        self._commit_all()
-        self._pending.set()
-
-    def outstanding(self) -> dict[str, int]:
-        """Sent versions no sink has seen yet (input -> highest such version)."""
-        with self._lock:
-            sent, sinks = dict(self._sent), list(self._delivered)
-        reached: dict[str, int] = {}
-        for delivered in sinks:
-            for source, version in delivered().items():
-                reached[source] = max(version, reached.get(source, -1))
-        return {src: v for src, v in sent.items() if v > reached.get(src, -1)}
-
-    def _commit_all(self) -> None:
-        with self._lock:
-            subjects = list(self._subjects)
-        for subject in subjects:
-            subject.commit()  # a thread-safe queue put
-
-    def _retick(self) -> None:
-        while True:
-            self._pending.wait()
-            self._pending.clear()
-            while True:
-                time.sleep(self.RETICK_S)
-                with self._lock:
-                    if not self._subjects:
-                        break
-                if not self.outstanding():
-                    break
-                self._commit_all()
-
-
 class DeltaTailSubject(pw.io.python.ConnectorSubject):
     """Tails one Delta table from `start_version` on."""
 
@@ -155,13 +78,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         finished_runs: set[str] | None = None,
         skip_change_commits: bool = False,
         until_runs: frozenset[str] = frozenset(),
-        clock: CommitClock | None = None,
     ) -> None:
         super().__init__(datasource_name=f"delta:{table}")
-        # Read with `autocommit_duration_ms=None`: the clock commits (None: Pathway's timer).
-        self.clock = clock
-        if clock is not None:
-            clock.add(self)
         self.lake = lake
         self.table = table
         self.next_version = start_version
@@ -218,13 +136,6 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         return False
 
     def run(self) -> None:
-        try:
-            self._run()
-        finally:
-            if self.clock is not None:
-                self.clock.remove(self)
-
-    def _run(self) -> None:
         if self.on_start:
             self.on_start()
         if not self._wait_for_table():
@@ -374,8 +285,6 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                     source=self.table,
                     version=int(version),
                 )
-            if self.clock is not None and groups:
-                self.clock.sent(self.table, int(groups[-1][0]))
         self.stats.versions += len(commits)
         self.next_version = commits[-1].version + 1
         self.stats.latest_version = commits[-1].version
