@@ -117,6 +117,29 @@ def test_bench_smoke_delta(minio: MinioServer, tmp_path: Path) -> None:
     assert bad == 0
 
 
+def test_bench_smoke_notify(minio: MinioServer, tmp_path: Path) -> None:
+    """`--notify`: its own MinIO posts every commit to a relay process that wakes the
+    tails; every message arrives, the relay's CPU is a component, and the idle window's
+    first messages are measured."""
+    env = {
+        **lake_env(Lake(minio_settings_for(minio, "unused"))),
+        "DELTABUS_MINIO_BIN": str(minio.binary),
+    }
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--idle-s", "3"]
+    args += ["--profile", "100ms", "--out", str(out), "--local-minio", "--notify", "--grace", "15"]
+    result = run_cli(args, env, tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "unavailable" not in result.stderr  # the stream stayed up: no fallback to polls
+    check_report(out, ("delta",), 2000, 6000)
+    detail = json.loads((out / "runs" / "delta-2000.json").read_text())
+    assert detail["errors"] == []
+    assert detail["cost"]["cpu_s_per_million_msgs"]["notify relay"] > 0
+    idle = detail["cost"]["idle"]
+    assert idle["first_after_idle_s"] > 0
+    assert idle["producer_start_to_seen_s"] >= idle["first_after_idle_s"]
+
+
 def kafka_ready() -> bool:
     if shutil.which("java") is None:
         return False
