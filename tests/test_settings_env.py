@@ -28,6 +28,7 @@ def every_field_changed(tmp_path: Path) -> Settings:
         retry_max_wait_s=42.5,
         skip_change_commits=True,
         notify=True,
+        notify_url="http://127.0.0.1:9100/events",
         idle_poll_ms=250,
         postgres_dsn=SecretStr("postgresql://someone:pg-s3cr3t@127.0.0.1:5999/served"),
     )
@@ -71,3 +72,12 @@ def test_etl_command_carries_intervals_in_milliseconds(tmp_path: Path):
     assert command[command.index("--commit-interval-ms") + 1] == "100"
     assert command[command.index("--poll-interval-ms") + 1] == "20"
     assert command[command.index("--mode") + 1] == "continuous"
+
+
+def test_notify_url_must_be_a_relay_over_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_lake_env(monkeypatch)
+    monkeypatch.setenv("DELTABUS_NOTIFY_URL", "ftp://relay:9100/events")
+    with pytest.raises(ValueError, match="must start with http://"):
+        Settings()
+    monkeypatch.setenv("DELTABUS_NOTIFY_URL", "")
+    assert Settings().notify_url is None  # empty: MinIO's own listen API
