@@ -192,7 +192,7 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _http_get(url: str, timeout: float = 2) -> tuple[int | None, dict[str, str]]:
+def http_get(url: str, timeout: float = 2) -> tuple[int | None, dict[str, str]]:
     """Status and lower-cased headers of a GET; (None, {}) when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -327,7 +327,7 @@ class MinioCluster:
                         f"MinIO node {n + 1} exited with status {proc.returncode}",
                         f"see {self.log_path(n)}",
                     )
-            if _http_get(url)[0] == 200:
+            if http_get(url)[0] == 200:
                 return
             time.sleep(0.2)
         raise DeltabusError(
@@ -338,8 +338,8 @@ class MinioCluster:
         """`node`'s view of the cluster: HTTP status of the write and read health checks
         (200 or 503) and the write and read quorums (in drives) MinIO reports."""
         base = f"{self.node_endpoint(node)}/minio/health/cluster"
-        write_status, write = _http_get(base)
-        read_status, read = _http_get(f"{base}/read")
+        write_status, write = http_get(base)
+        read_status, read = http_get(f"{base}/read")
 
         def quorum(headers: dict[str, str], name: str) -> int | None:
             value = headers.get(name)

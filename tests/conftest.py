@@ -51,15 +51,16 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
 
 
 def minio_settings_for(server: MinioServer, prefix: str, **extra: object) -> Settings:
-    return Settings(
-        storage="minio",
-        minio_endpoint=server.endpoint,
-        access_key=server.access_key,
-        secret_key=server.secret_key,
-        bucket=TEST_BUCKET,
-        prefix=prefix,
-        **extra,
-    )
+    """Settings for `server` under `prefix`; `extra` adds or overrides (the bucket too)."""
+    fields: dict[str, object] = {
+        "storage": "minio",
+        "minio_endpoint": server.endpoint,
+        "access_key": server.access_key,
+        "secret_key": server.secret_key,
+        "bucket": TEST_BUCKET,
+        "prefix": prefix,
+    }
+    return Settings(**{**fields, **extra})
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from deltabus.local_minio import MinioServer
 from deltabus.notify import CommitNotifier
 from deltabus.notify_relay import PING_LINE, NotifyRelay, subscribe
 from deltabus.settings import Settings
+from tests.conftest import minio_settings_for
 from tests.test_notify import commit_key, drain, put_and_wait, wait_until
 
 WAKE_LIMIT_S = 0.5
@@ -53,15 +54,8 @@ def pushing_minio(
 
 
 def settings_for(server: MinioServer, relay: NotifyRelay, bucket: str, prefix: str) -> Settings:
-    return Settings(
-        storage="minio",
-        minio_endpoint=server.endpoint,
-        access_key=server.access_key,
-        secret_key=server.secret_key,
-        bucket=bucket,
-        prefix=prefix,
-        notify=True,
-        notify_url=f"{relay.url}/events",
+    return minio_settings_for(
+        server, prefix, bucket=bucket, notify=True, notify_url=f"{relay.url}/events"
     )
 
 

@@ -63,11 +63,10 @@ def throwaway_minio(
         )
         Lake(settings).init_bucket()
         if notify:
-            subscribe(Lake(settings))
-        if notify:  # this process's tails read the relay: close them before it stops
             from deltabus.notify import close_all
 
-            stack.callback(close_all)
+            subscribe(Lake(settings))
+            stack.callback(close_all)  # this process's tails read the relay: close them first
         log.info("throwaway MinIO on %s (data in %s)", server.endpoint, tmp)
         assert server.process is not None
         pids["minio"] = server.process.pid
@@ -79,10 +78,8 @@ def _relay_process(tmp: Path) -> Iterator[tuple[str, int]]:
     """`deltabus notify relay` on a free loopback port, as its own process (its CPU is a
     component of its own); (its URL, its pid)."""
     import subprocess
-    import urllib.error
-    import urllib.request
 
-    from deltabus.local_minio import free_port
+    from deltabus.local_minio import free_port, http_get
 
     port = free_port()
     log_file = open(tmp / "relay.log", "ab")  # noqa: SIM115 - owned by the process
@@ -95,17 +92,10 @@ def _relay_process(tmp: Path) -> Iterator[tuple[str, int]]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/ready", timeout=1)
-            except urllib.error.HTTPError:
-                break  # it answers
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the notify relay did not start: see {tmp / 'relay.log'}"
-                    ) from None
-                time.sleep(0.1)
+        while http_get(f"{url}/ready", timeout=1)[0] is None:  # any answer will do
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the notify relay did not start: see {tmp / 'relay.log'}")
+            time.sleep(0.1)
         yield url, proc.pid
     finally:
         proc.terminate()

@@ -193,8 +193,7 @@ class Bench:
             )
             cpu.watch(f"etl {j}", more_etls[-1][0].pid)
         cpu.watch("minio", self.minio_pid)
-        if self.relay_pid is not None:
-            cpu.watch("notify relay", self.relay_pid)
+        cpu.watch("notify relay", self.relay_pid)  # with --notify only (None: not watched)
         cpu.watch(self._bench_cpu_name, os.getpid())
         state.specs = self._specs("delta", state.rate)
         handles: list[ProducerHandle] = []
