@@ -579,3 +579,22 @@ def test_results_out_that_cannot_be_written(
         out, expected = lake_disk / "sub" / "r.csv", "cannot write in"
     result = run_cli(["results", "--out", str(out)], env, tmp_path)
     assert_clean_failure(result, f"--out {out}", expected, "fix: ", secret=secret)
+
+
+def test_notify_options_that_cannot_work_are_refused(
+    minio: MinioServer, minio_lake: Lake, tmp_path: Path
+) -> None:
+    """`bench --notify` on the configured lake (it starts its own MinIO and relay) and a
+    relay on a port already taken: one message with the fix, nothing written."""
+    env = lake_env(minio_lake)
+    secret = minio_lake.settings.secret_key.get_secret_value()  # type: ignore[union-attr]
+    out = tmp_path / "out"
+    result = run_cli(["bench", "--notify", "--no-local-minio", "--out", str(out)], env, tmp_path)
+    assert_clean_failure(result, "--notify", "--local-minio", "DELTABUS_NOTIFY_URL", secret=secret)
+    assert not objects_under(minio, minio_lake)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(["notify", "relay", "--port", str(port)], env, tmp_path, timeout=60)
+    assert_clean_failure(result, f"cannot listen on 127.0.0.1:{port}", "--port", secret=secret)
