@@ -99,7 +99,8 @@ def through_etl(values: list[str | None]) -> tuple[dict[int, str], dict[int, flo
     if valid.height == 0:
         return reasons, {}
     G.clear()
-    rows = list(zip(valid["date"], valid["message"], valid["_diff"], strict=True))
+    local, offset_seconds = dates.pathway_columns(valid["date"].to_arrow())
+    rows = list(zip(local, offset_seconds, valid["message"], valid["_diff"], strict=True))
     batches = pw.debug.table_from_rows(BatchSchema, [(rows, "timezone1", 7)])
     out = pw.debug.table_to_pandas(unified_expression(batches), include_id=False)
     assert sorted(out["message"]) == sorted(valid["message"])

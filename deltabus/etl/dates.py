@@ -5,9 +5,11 @@ One definition (docs/design.md, "Date grammar") and both sides built from it:
 - `check_dates` (Polars, vectorised, in the source): which `date` strings follow the grammar
   and denote an instant in the accepted range, a reason for every other one, and for each
   accepted one its canonical form;
-- `epoch_ns` and `epoch_ms` (Pathway expressions, in the transform): the canonical form to
-  epoch nanoseconds with Pathway's `strptime`, and those to epoch milliseconds as the
-  double nearest to the exact value.
+- `pathway_columns` (Arrow, in the source): the canonical form split into what Pathway's
+  `strptime` reads and the offset's seconds;
+- `epoch_ns` and `epoch_ms` (Pathway expressions, in the transform): those to epoch
+  nanoseconds with Pathway's `strptime`, and those to epoch milliseconds as the double
+  nearest to the exact value.
 
 The grammar is the contract's `%Y-%m-%d %H:%M:%S.%f %z` with the variable parts relaxed the
 way Python's `%z` and RFC 3339 relax them: the fraction is optional and has 1 to 9 digits,
@@ -16,7 +18,8 @@ digits only, one space between the parts, nothing around the string.
 
 The canonical form `YYYY-MM-DD HH:MM:SS.fffffffff ±HHMMSS` (always 37 characters) exists
 because chrono's `%z` cannot read offset seconds: Pathway parses the first 35 characters
-(offset hours and minutes) and subtracts the offset seconds itself. The validator only
+(offset hours and minutes) and subtracts the offset seconds, which the source hands it as
+a number. The validator only
 rearranges characters (its own integer arithmetic only decides what is accepted); every
 timestamp is computed by the Pathway expression.
 """
@@ -218,16 +221,30 @@ def _date_expressions() -> tuple[list[pl.Expr], pl.Expr, pl.Expr]:
     return fields, reason, canonical
 
 
-def epoch_ns(canonical: pw.ColumnExpression) -> pw.ColumnExpression:
-    """Pathway expression: a canonical date (from `check_dates`) to epoch nanoseconds (int).
+def pathway_columns(canonical: pa.Array | pa.ChunkedArray) -> tuple[list[str], list[int]]:
+    """A batch's canonical dates as the transform takes them: the first 35 characters
+    (what Pathway's `strptime` reads) and the offset's seconds, signed.
+
+    Arrow compute over the batch, so no string is sliced per row inside Pathway (its
+    `str.slice` is a Python call per row; its `strptime` and arithmetic are not).
+    """
+    head = pc.utf8_slice_codeunits(canonical, 0, 35)
+    seconds = pc.cast(pc.utf8_slice_codeunits(canonical, 35, 37), pa.int64())
+    negative = pc.equal(pc.utf8_slice_codeunits(canonical, 30, 31), "-")
+    signed = pc.if_else(negative, pc.negate(seconds), seconds)
+    return head.to_pylist(), signed.to_pylist()
+
+
+def epoch_ns(
+    local: pw.ColumnExpression, offset_seconds: pw.ColumnExpression
+) -> pw.ColumnExpression:
+    """Pathway expression: a date as `pathway_columns` splits it to epoch nanoseconds.
 
     Pathway's `strptime` reads the date, time, fraction and the offset's hours and minutes;
-    the offset's seconds (characters 35..37) are subtracted here.
+    the offset's seconds (signed as the offset) are subtracted here.
     """
-    utc = canonical.str.slice(0, 35).dt.strptime(PATHWAY_FORMAT)
-    sign = pw.if_else(canonical.str.slice(30, 31) == "-", -1, 1)
-    offset_seconds = canonical.str.slice(35, 37).str.parse_int()
-    return (utc - _EPOCH).dt.nanoseconds() - sign * offset_seconds * _NS_PER_S
+    utc = local.dt.strptime(PATHWAY_FORMAT)
+    return (utc - _EPOCH).dt.nanoseconds() - offset_seconds * _NS_PER_S
 
 
 def epoch_ms(ns: pw.ColumnExpression) -> pw.ColumnExpression:

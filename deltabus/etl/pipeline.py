@@ -26,6 +26,7 @@ from deltabus.etl.positions import recorded_finished_runs, recorded_positions
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.sink import DeltaSinkObserver
 from deltabus.etl.source import BatchSchema, DeltaTailSubject
+from deltabus.etl.ticker import CommitTicker
 from deltabus.fast_append import TableAppender
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.intervals import (
@@ -100,9 +101,9 @@ def unified_expression(batches: pw.Table) -> pw.Table:
 
     rows = batches.flatten(pw.this.rows)
     parsed = rows.select(
-        ns=epoch_ns(pw.this.rows[0]),
-        message=pw.this.rows[1],
-        diff=pw.this.rows[2],
+        ns=epoch_ns(pw.this.rows[0], pw.this.rows[1]),
+        message=pw.this.rows[2],
+        diff=pw.this.rows[3],
         source=pw.this.source,
         version=pw.this.version,
     )
@@ -180,7 +181,7 @@ def _partition_flow(
         pw.io.python.read(
             subject,
             schema=BatchSchema,
-            autocommit_duration_ms=config.autocommit_ms,
+            autocommit_duration_ms=None,  # committed by the CommitTicker
             name=f"delta_{subject.table}",
         )
         for subject in subjects
@@ -233,6 +234,9 @@ def run_etl(
     ]
     subjects = [s for flow in flows for s in flow.subjects]
     sinks = [flow.sink for flow in flows]
+    ticker = CommitTicker(subjects, config.autocommit_ms / 1000)
+    for subject in subjects:
+        subject.on_sent = ticker.rows_sent
 
     def request_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping after the current batch", signum)
@@ -244,6 +248,7 @@ def run_etl(
     os.environ["PATHWAY_THREADS"] = str(config.threads)
     tune_gc_for_streaming()
     started = time.monotonic()
+    ticker.start()
     try:
         pw.run(monitoring_level=pw.MonitoringLevel.NONE)
     except Exception as exc:
@@ -254,6 +259,7 @@ def run_etl(
             raise failed from None
         raise
     finally:
+        ticker.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     for sink in sinks:

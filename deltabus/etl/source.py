@@ -3,7 +3,8 @@
 Each poll reads the next commit of the Delta log (deltabus.tail): one GET, which also
 says whether the version has landed; the rows it changed are read from its files
 (compaction commits change none). Every Delta version becomes ONE Pathway row holding
-the whole batch as a list of (date, message, diff); the pipeline flattens it in Rust.
+the whole batch as a list of (date, offset seconds, message, diff); the pipeline
+flattens it in Rust.
 That keeps the per-row Python hop out of the hot path: Python touches a batch, not a
 message. A version's insertions and retractions (rows an input deleted or updated,
 diff -1) travel in that one row, so they reach the unified table in the same commit.
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 
 from deltabus.delta_protocol import concat, without_views
 from deltabus.errors import DeltabusError, StorageError
+from deltabus.etl.dates import pathway_columns
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.validate import split_valid
 from deltabus.lake import NOT_DELTA_GRACE_S, Lake
@@ -43,7 +45,9 @@ log = logging.getLogger(__name__)
 class BatchSchema(pw.Schema):
     """One Delta version of one input table."""
 
-    rows: list[tuple[str, str, int]]  # (date, message, diff: +1 insert, -1 retraction)
+    # (date's first 35 characters, its offset seconds, message, diff: +1 insert, -1
+    # retraction): the date as deltabus.etl.dates.pathway_columns splits it
+    rows: list[tuple[str, int, str, int]]
     source: str
     version: int
 
@@ -94,6 +98,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         self.max_versions_per_read = max_versions_per_read
         self.stats = SourceStats(finished_runs=set(finished_runs or ()))
         self.on_start = on_start
+        # Called right after rows were sent (deltabus.etl.ticker commits them).
+        self.on_sent: Callable[[], None] | None = None
         # Skip input commits that remove rows without change data (Settings).
         self.skip_change_commits = skip_change_commits
 
@@ -273,10 +279,12 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                     ).items()
                 ]
             for version, part in groups:
+                local, offset_seconds = pathway_columns(part["date"].to_arrow())
                 self.next(
                     rows=list(
                         zip(
-                            part["date"].to_list(),
+                            local,
+                            offset_seconds,
                             part["message"].to_list(),
                             part["_diff"].to_list(),
                             strict=True,
@@ -285,6 +293,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                     source=self.table,
                     version=int(version),
                 )
+            if groups and self.on_sent is not None:
+                self.on_sent()
         self.stats.versions += len(commits)
         self.next_version = commits[-1].version + 1
         self.stats.latest_version = commits[-1].version
