@@ -42,9 +42,7 @@ def test_ticks_follow_the_rows_and_stop_when_idle() -> None:
     ticker = CommitTicker([busy, quiet], interval=0.01, linger=0.3)
     busy.on_sent = quiet.on_sent = ticker.rows_sent
 
-    streams = [
-        pw.io.python.read(s, schema=Row, autocommit_duration_ms=None) for s in (busy, quiet)
-    ]
+    streams = [pw.io.python.read(s, schema=Row, autocommit_duration_ms=None) for s in (busy, quiet)]
     both = pw.Table.concat_reindex(*streams)
     arrived: dict[int, float] = {}
 
