@@ -314,6 +314,18 @@ def minio_up(
             " 4 nodes (8 drives, EC:4) keep reading and writing with one node down."
         ),
     ] = 1,
+    notify: Annotated[
+        bool,
+        typer.Option(
+            "--notify",
+            help="Also start a notify relay and have MinIO push each commit to it, so tails"
+            " wait on events instead of polling (single server only); writes"
+            " DELTABUS_NOTIFY and DELTABUS_NOTIFY_URL to .env.",
+        ),
+    ] = False,
+    relay_port: Annotated[
+        int, typer.Option(help="The relay's loopback port (with --notify).", min=1, max=65535)
+    ] = 9100,
 ) -> None:
     """Start a local MinIO for the configured endpoint (loopback only), with its bucket.
 
@@ -321,10 +333,17 @@ def minio_up(
     """
     from deltabus.devcluster import check_nodes, cluster_up
     from deltabus.devserver import minio_up as up
+    from deltabus.errors import ConfigError
 
     check_nodes(nodes)
+    if notify and nodes != 1:
+        raise ConfigError(
+            "--notify works with a single MinIO server",
+            "drop --nodes, or configure the webhook target on each node yourself "
+            "(docs/design.md, notifications through the relay)",
+        )
     if nodes == 1:
-        print(up(state.env_file, data_dir))
+        print(up(state.env_file, data_dir, notify=notify, relay_port=relay_port))
     else:
         print(cluster_up(state.env_file, data_dir, nodes))
 
@@ -335,7 +354,8 @@ def minio_down(
         ".deltabus/minio"
     ),
 ) -> None:
-    """Stop the local MinIO (all nodes of a distributed one) started by `deltabus minio up`."""
+    """Stop the local MinIO (all nodes of a distributed one) started by `deltabus minio up`,
+    and its notify relay."""
     from deltabus.devcluster import minio_down as down
 
     print(down(data_dir))

@@ -1,4 +1,5 @@
-"""`deltabus minio up/down`: a persistent local MinIO for development and the demo."""
+"""`deltabus minio up/down`: a persistent local MinIO for development and the demo, with
+(`--notify`) a relay its commit events are pushed to."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-from deltabus.errors import ConfigError
+from deltabus.errors import ConfigError, StorageError
 from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer, build_minio
 from deltabus.settings import Settings, load_settings
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+RELAY_PORT = 9100
 
 
 def _ensure_secret(env_file: Path | None) -> Path | None:
@@ -65,11 +67,18 @@ def local_minio_settings(env_file: Path | None) -> tuple[Settings, int, list[str
     return load_settings(env_file), url.port, notes
 
 
-def minio_up(env_file: Path | None, data_dir: Path) -> str:
+def minio_up(
+    env_file: Path | None, data_dir: Path, notify: bool = False, relay_port: int = RELAY_PORT
+) -> str:
+    """Start MinIO (unless it runs), create the bucket; with `notify`, first a relay on
+    `relay_port` that MinIO's webhook target pushes commit events to, then subscribe the
+    lake to it and point the tails at it in the .env file."""
     local = local_minio_settings(env_file)
     if local is None:
         return LOCAL_LAKE
     settings, port, notes = local
+    data_dir.mkdir(parents=True, exist_ok=True)
+    relay_url = _relay_up(data_dir, relay_port, notes) if notify else None
     if _alive(settings.minio_endpoint):
         notes.append(f"MinIO already running at {settings.minio_endpoint}")
     else:
@@ -79,6 +88,7 @@ def minio_up(env_file: Path | None, data_dir: Path) -> str:
             settings.secret_key.get_secret_value(),  # type: ignore[union-attr]
             port=port,
             binary=build_minio(),
+            webhook=f"{relay_url}/minio" if relay_url else None,
         )
         server.start()
         (data_dir / "minio.pid").write_text(str(server.process.pid))  # type: ignore[union-attr]
@@ -87,17 +97,73 @@ def minio_up(env_file: Path | None, data_dir: Path) -> str:
     created = lake.init_bucket()
     lake.check(write=True)
     notes.append(f"bucket '{settings.bucket}' {'created' if created else 'ready'}")
+    if relay_url:
+        from deltabus.notify_relay import subscribe
+
+        try:
+            subscribe(lake)
+        except StorageError as exc:  # a MinIO that was already running without the target
+            exc.hint = (
+                "`deltabus minio down`, then `deltabus minio up --notify` (MinIO reads its "
+                "webhook target at start); or " + (exc.hint or "")
+            )
+            raise
+        notes.append(f"commit events of '{settings.bucket}' go to the relay")
+        notes.extend(_point_tails_at(env_file, settings, f"{relay_url}/events"))
     return "; ".join(notes)
 
 
-def minio_down(data_dir: Path) -> str:
-    pid_file = data_dir / "minio.pid"
+def _relay_up(data_dir: Path, port: int, notes: list[str]) -> str:
+    """The relay's URL: the one already answering on `port`, or one started now."""
+    from deltabus.local_minio import http_get
+    from deltabus.notify_relay import start_relay_process
+
+    url = f"http://127.0.0.1:{port}"
+    if http_get(f"{url}/ready", timeout=1)[0] is not None:
+        notes.append(f"notify relay already running at {url}")
+        return url
+    url, proc = start_relay_process(port, data_dir / "relay.log")
+    (data_dir / "relay.pid").write_text(str(proc.pid))
+    notes.append(f"notify relay started at {url} (pid {proc.pid})")
+    return url
+
+
+def _point_tails_at(env_file: Path | None, settings: Settings, events_url: str) -> list[str]:
+    """Turn notifications on in the .env file, unless the settings already say where."""
+    if settings.notify and settings.notify_url == events_url:
+        return []
+    if settings.notify_url not in (None, events_url):
+        return [
+            f"DELTABUS_NOTIFY_URL is already {settings.notify_url}; left as it is "
+            f"(this relay streams at {events_url})"
+        ]
+    path = Path(env_file or os.environ.get("DELTABUS_ENV_FILE") or ".env")
+    lines = [
+        "# written by `deltabus minio up --notify`: tails wait on the relay's commit events",
+        "DELTABUS_NOTIFY=true",
+        f"DELTABUS_NOTIFY_URL={events_url}",
+    ]
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return [f"wrote DELTABUS_NOTIFY and DELTABUS_NOTIFY_URL to {path}"]
+
+
+def _stop(pid_file: Path, what: str) -> str | None:
+    """SIGTERM the process in `pid_file` and remove the file; None when there is none."""
     if not pid_file.exists():
-        return f"no MinIO started from {data_dir}"
+        return None
     pid = int(pid_file.read_text())
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     pid_file.unlink()
-    return f"stopped MinIO (pid {pid})"
+    return f"stopped {what} (pid {pid})"
+
+
+def minio_down(data_dir: Path) -> str:
+    minio = _stop(data_dir / "minio.pid", "MinIO")
+    relay = _stop(data_dir / "relay.pid", "the notify relay")
+    if minio is None and relay is None:
+        return f"no MinIO started from {data_dir}"
+    return "; ".join(x for x in (minio, relay) if x)

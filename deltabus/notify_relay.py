@@ -25,6 +25,8 @@ import queue
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from subprocess import Popen
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -220,3 +222,36 @@ def subscribe(lake: Lake, region: str = "") -> str:
             ) from None
         raise
     return arn
+
+
+def start_relay_process(port: int, log_path: Path, timeout: float = 30) -> tuple[str, Popen]:
+    """`deltabus notify relay` on 127.0.0.1:`port` as a process of its own session (it
+    outlives the caller); returns (its URL, the process) once it answers.
+
+    Raises `ConfigError` when it exits or does not answer in time (its log says why,
+    e.g. the port is taken)."""
+    import subprocess
+    import sys
+    import time
+
+    from deltabus.errors import ConfigError
+    from deltabus.local_minio import http_get
+
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deltabus", "notify", "relay", "--port", str(port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while http_get(f"{url}/ready", timeout=1)[0] is None:  # any answer will do
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise ConfigError(
+                f"the notify relay did not start on port {port}: see {log_path}",
+                "free the port or choose another one",
+            )
+        time.sleep(0.1)
+    return url, proc

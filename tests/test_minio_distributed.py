@@ -217,6 +217,9 @@ def test_cli_refuses_two_or_three_nodes(tmp_path: Path) -> None:
         result = run_cli(["minio", "up", "--nodes", nodes], env, tmp_path, timeout=60)
         assert result.returncode == 2, result.stdout + result.stderr
         assert f"--nodes {nodes}: use 1" in result.stderr
+    result = run_cli(["minio", "up", "--nodes", "4", "--notify"], env, tmp_path, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--notify works with a single MinIO server" in result.stderr
     assert not (tmp_path / ".env").exists() and not (tmp_path / ".deltabus").exists()
 
 

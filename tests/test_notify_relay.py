@@ -9,22 +9,26 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import secrets
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import obstore
+import psutil
 import pytest
 
 from deltabus.errors import StorageError
 from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer
+from deltabus.local_minio import MinioServer, free_port
 from deltabus.notify import CommitNotifier
 from deltabus.notify_relay import PING_LINE, NotifyRelay, subscribe
-from deltabus.settings import Settings
-from tests.conftest import minio_settings_for
+from deltabus.processes import LAKE_ENV_PREFIXES
+from deltabus.settings import Settings, load_settings
+from tests.conftest import minio_settings_for, run_cli
 from tests.test_notify import commit_key, drain, put_and_wait, wait_until
 
 WAKE_LIMIT_S = 0.5
@@ -164,3 +168,57 @@ def test_relay_contract_token_bodies_fan_out_and_pings() -> None:
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"{relay.url}/nothing-here", timeout=5)
         assert missing.value.code == 404
+
+
+def test_cli_minio_up_notify_pushes_commits_and_down_stops_the_relay(
+    minio: MinioServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`deltabus minio up --notify`: a relay, a MinIO whose webhook target posts to it, the
+    bucket subscribed and the tails pointed at it in the env file; a commit then wakes a
+    tail through the relay. A second `up` reuses both; `down` stops both."""
+    port, relay_port = free_port(), free_port()
+    env_file = tmp_path / "dev.env"
+    env_file.write_text(
+        f"DELTABUS_MINIO_ENDPOINT=http://127.0.0.1:{port}\nDELTABUS_BUCKET=dev-notify\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
+    env["DELTABUS_MINIO_BIN"] = str(minio.binary)
+    data_dir = tmp_path / "minio"
+    up = ["--env-file", str(env_file), "minio", "up", "--data-dir", str(data_dir)]
+    up += ["--notify", "--relay-port", str(relay_port)]
+    down = ["minio", "down", "--data-dir", str(data_dir)]
+    try:
+        result = run_cli(up, env, tmp_path, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"notify relay started at http://127.0.0.1:{relay_port}" in result.stdout
+        assert "commit events of 'dev-notify' go to the relay" in result.stdout
+        relay_pid = int((data_dir / "relay.pid").read_text())
+        for name in [k for k in os.environ if k.startswith(LAKE_ENV_PREFIXES)]:
+            monkeypatch.delenv(name)
+        settings = load_settings(env_file)
+        assert settings.notify and settings.notify_url == f"http://127.0.0.1:{relay_port}/events"
+        notifier = CommitNotifier(Lake(settings))
+        try:
+            watch = notifier.watch("t1")
+            wait_until(lambda: notifier.healthy, 5, "the relay's stream")
+            drain(watch)
+            assert put_and_wait(Lake(settings), watch, commit_key("t1", 0)) < WAKE_LIMIT_S
+        finally:
+            notifier.close()
+        again = run_cli(up, env, tmp_path, timeout=60)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "notify relay already running" in again.stdout
+        assert "MinIO already running" in again.stdout
+        assert env_file.read_text().count("DELTABUS_NOTIFY_URL=") == 1
+    finally:
+        stopped = run_cli(down, env, tmp_path, timeout=60)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "stopped MinIO" in stopped.stdout and "stopped the notify relay" in stopped.stdout
+    wait_until(lambda: not psutil.pid_exists(relay_pid) or _zombie(relay_pid), 10, "relay exit")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

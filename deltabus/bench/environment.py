@@ -79,23 +79,11 @@ def _relay_process(tmp: Path) -> Iterator[tuple[str, int]]:
     component of its own); (its URL, its pid)."""
     import subprocess
 
-    from deltabus.local_minio import free_port, http_get
+    from deltabus.local_minio import free_port
+    from deltabus.notify_relay import start_relay_process
 
-    port = free_port()
-    log_file = open(tmp / "relay.log", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deltabus", "notify", "relay", "--port", str(port)],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    url, proc = start_relay_process(free_port(), tmp / "relay.log")
     try:
-        deadline = time.monotonic() + 30
-        while http_get(f"{url}/ready", timeout=1)[0] is None:  # any answer will do
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the notify relay did not start: see {tmp / 'relay.log'}")
-            time.sleep(0.1)
         yield url, proc.pid
     finally:
         proc.terminate()
@@ -103,7 +91,6 @@ def _relay_process(tmp: Path) -> Iterator[tuple[str, int]]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log_file.close()
 
 
 def machine_description() -> str:
