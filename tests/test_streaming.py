@@ -119,3 +119,20 @@ def test_etl_started_first_waits_for_the_producer(minio_lake: Lake, tmp_path: Pa
     assert etl.returncode == 0, stderr[-3000:]
     assert "waiting for input table timezone1" in stderr
     assert_exactly_once(minio_lake, expected=1500)
+
+
+def test_pathway_worker_threads_deliver_every_message_once(
+    minio_lake: Lake, tmp_path: Path
+) -> None:
+    """`deltabus etl --threads 2`: Pathway spreads the transform over two workers; the
+    sink still gets every row once, with its true timestamp."""
+    Producer(
+        minio_lake,
+        ProducerConfig(rate=20000, count=20000, commit_interval=0.05, seed=3, run_id="threads"),
+    ).run()
+    etl = run_cli(
+        ["--json", "etl", "--mode", "bounded", "--threads", "2"], lake_env(minio_lake), tmp_path
+    )
+    assert etl.returncode == 0, etl.stderr[-3000:]
+    assert '"rows": 20000' in etl.stdout
+    assert_timestamps_true(minio_lake, assert_exactly_once(minio_lake, expected=20000))
