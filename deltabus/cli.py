@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -401,6 +402,12 @@ def notify_relay(
         f"relay on {relay.url}: MinIO posts to {relay.url}/minio, tails read {relay.url}/events",
         flush=True,
     )
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Set explicitly: a process started with SIGTERM ignored would otherwise never stop.
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         relay.serve_forever()
     except KeyboardInterrupt:
@@ -480,7 +487,6 @@ def serve_postgres(
     Retractions delete rows, insertions upsert them (key: message); the sink's position
     (the unified version applied) commits in the same transaction as the rows.
     """
-    import signal
     import threading
 
     from deltabus.serving import pg

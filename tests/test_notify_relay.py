@@ -11,6 +11,9 @@ import http.client
 import json
 import os
 import secrets
+import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -222,3 +225,22 @@ def _zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_relay_process_stops_on_sigterm_even_if_started_with_it_ignored(tmp_path: Path) -> None:
+    """A process inherits ignored signals: the relay sets its own SIGTERM handling, so
+    `deltabus minio down` (SIGTERM) stops it whatever started it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deltabus", "notify", "relay", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None and "relay on" in proc.stdout.readline()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        proc.kill()
