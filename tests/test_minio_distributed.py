@@ -55,6 +55,7 @@ def minio_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioClu
     cluster.start()
     try:
         Lake(minio_settings_for(cluster, "bootstrap")).init_bucket()  # type: ignore[arg-type]
+        await_all_drives(cluster)
         yield cluster
     finally:
         cluster.stop()
@@ -77,6 +78,24 @@ def drives_holding(cluster: MinioCluster, key: str) -> dict[int, int]:
         node: sum((d / TEST_BUCKET / key / "xl.meta").is_file() for d in cluster.drive_dirs(node))
         for node in range(cluster.nodes)
     }
+
+
+def await_all_drives(cluster: MinioCluster, timeout: float = 60) -> None:
+    """Wait until every node sees a healthy cluster and a new object lands on all 8
+    drives: quorum is reached before the last node's drives have joined, and on a busy
+    machine that can take seconds after start."""
+    for node in range(cluster.nodes):
+        cluster.await_health(200, 200, timeout=timeout, node=node)
+    s3 = cluster_lake(cluster).s3_client()
+    deadline = time.monotonic() + timeout
+    while True:
+        key = f"warmup-{uuid.uuid4().hex[:8]}"
+        s3.put_object(Bucket=TEST_BUCKET, Key=key, Body=b"w" * 50_000)
+        holding = drives_holding(cluster, key)
+        if holding == dict.fromkeys(range(cluster.nodes), 2):
+            return
+        assert time.monotonic() < deadline, f"not every drive joined: {holding}"
+        time.sleep(0.5)
 
 
 def test_cluster_is_distributed_and_survives_a_node(minio_cluster: MinioCluster) -> None:
