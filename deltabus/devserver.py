@@ -24,15 +24,23 @@ def _ensure_secret(env_file: Path | None) -> Path | None:
     settings = load_settings(env_file)
     if settings.secret_key is not None:
         return None
+    path = _append_env(
+        env_file,
+        [
+            "# written by `deltabus minio up`: credentials of the local development MinIO",
+            f"DELTABUS_ACCESS_KEY={settings.access_key}",
+            f"DELTABUS_SECRET_KEY={secrets.token_urlsafe(24)}",
+        ],
+    )
+    path.chmod(0o600)
+    return path
+
+
+def _append_env(env_file: Path | None, lines: list[str]) -> Path:
+    """Append `lines` to the .env file settings are read from; returns its path."""
     path = Path(env_file or os.environ.get("DELTABUS_ENV_FILE") or ".env")
-    lines = [
-        "# written by `deltabus minio up`: credentials of the local development MinIO",
-        f"DELTABUS_ACCESS_KEY={settings.access_key}",
-        f"DELTABUS_SECRET_KEY={secrets.token_urlsafe(24)}",
-    ]
     with path.open("a", encoding="utf-8") as fh:
         fh.write("\n".join(lines) + "\n")
-    path.chmod(0o600)
     return path
 
 
@@ -137,14 +145,14 @@ def _point_tails_at(env_file: Path | None, settings: Settings, events_url: str) 
             f"DELTABUS_NOTIFY_URL is already {settings.notify_url}; left as it is "
             f"(this relay streams at {events_url})"
         ]
-    path = Path(env_file or os.environ.get("DELTABUS_ENV_FILE") or ".env")
-    lines = [
-        "# written by `deltabus minio up --notify`: tails wait on the relay's commit events",
-        "DELTABUS_NOTIFY=true",
-        f"DELTABUS_NOTIFY_URL={events_url}",
-    ]
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
+    path = _append_env(
+        env_file,
+        [
+            "# written by `deltabus minio up --notify`: tails wait on the relay's commit events",
+            "DELTABUS_NOTIFY=true",
+            f"DELTABUS_NOTIFY_URL={events_url}",
+        ],
+    )
     return [f"wrote DELTABUS_NOTIFY and DELTABUS_NOTIFY_URL to {path}"]
 
 
