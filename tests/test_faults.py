@@ -77,8 +77,16 @@ def produce_in_background(lake: Lake, **config) -> tuple[threading.Thread, list]
     return thread, reports
 
 
-def test_etl_killed_at_random_points_restarts_exactly_once(minio_lake: Lake, tmp_path: Path):
-    rng = random.Random(20261121)
+@pytest.mark.parametrize("threads", [1, 2], ids=["1-worker", "2-workers"])
+def test_etl_killed_at_random_points_restarts_exactly_once(
+    minio_lake: Lake, tmp_path: Path, threads: int
+):
+    """SIGKILL at random points, three times, then a clean run: 0 lost, 0 duplicated.
+
+    With two Pathway workers the rows of one input version can be split between workers;
+    the positions committed with the output must still cover exactly what was written.
+    """
+    rng = random.Random(20261121 + threads)
     env = lake_env(minio_lake)
     thread, reports = produce_in_background(
         minio_lake, rate=3000, count=24_000, commit_interval=0.05, run_id="killetl"
@@ -86,7 +94,7 @@ def test_etl_killed_at_random_points_restarts_exactly_once(minio_lake: Lake, tmp
     kills, committed_before_final = 0, []
     for attempt in range(3):
         ready = tmp_path / f"ready-{attempt}"
-        etl = etl_process(env, tmp_path, "--ready-file", str(ready))
+        etl = etl_process(env, tmp_path, "--ready-file", str(ready), "--threads", str(threads))
         wait_for_file(ready, etl)
         time.sleep(rng.uniform(0.3, 2.0))
         etl.send_signal(signal.SIGKILL)
@@ -96,7 +104,7 @@ def test_etl_killed_at_random_points_restarts_exactly_once(minio_lake: Lake, tmp
             committed_before_final.append(read_table(minio_lake, "timezone_unified").height)
     thread.join(timeout=60)
     assert reports and reports[0].messages == 24_000
-    final = etl_process(env, tmp_path)
+    final = etl_process(env, tmp_path, "--threads", str(threads))
     _, stderr = final.communicate(timeout=180)
     assert final.returncode == 0, stderr[-3000:]
     verdict = duckdb_exactly_once(minio_lake)
