@@ -288,7 +288,11 @@ class Producer:
                     "table away",
                 )
 
-    def run(self, on_progress: Callable[[dict], None] | None = None) -> ProducerReport:
+    def run(
+        self, on_progress: Callable[[dict], None] | None = None, progress_every_s: float = 5.0
+    ) -> ProducerReport:
+        """Produce the whole run. Every `progress_every_s` s `on_progress` gets the messages
+        handed to the commit threads so far (a live display wants it often, a log rarely)."""
         self.layout = ensure_layout(self.lake, self.config.partitions)
         self.check_schemas()
         for name in self.layout.input_tables:
@@ -299,12 +303,14 @@ class Producer:
             self.checkpointers[name] = BackgroundCheckpointer(self.lake, name)
             self.appenders[name] = TableAppender(self.lake, name, self.tables[name])
         try:
-            return self._run(on_progress)
+            return self._run(on_progress, progress_every_s)
         finally:
             for checkpointer in self.checkpointers.values():
                 checkpointer.close()
 
-    def _run(self, on_progress: Callable[[dict], None] | None) -> ProducerReport:
+    def _run(
+        self, on_progress: Callable[[dict], None] | None, progress_every_s: float
+    ) -> ProducerReport:
         cfg = self.config
         next_index, next_seq, start_us = self._resume_state()
         tune_gc_for_streaming()
@@ -363,7 +369,7 @@ class Producer:
                 queue.append(job)
             lo = hi
             finished = last
-            if on_progress and (time.monotonic() - last_progress >= 5 or finished):
+            if on_progress and (time.monotonic() - last_progress >= progress_every_s or finished):
                 last_progress = time.monotonic()
                 on_progress({"messages": hi, "total": cfg.total, "lag_s": round(stats.lag, 3)})
         for queue in in_flight.values():

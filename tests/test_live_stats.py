@@ -7,6 +7,8 @@ import time
 import numpy as np
 
 from deltabus.bench.consumer import LiveStats
+from deltabus.lake import Lake
+from deltabus.producer import Producer, ProducerConfig
 
 
 def test_snapshot_percentiles_match_the_samples() -> None:
@@ -42,3 +44,20 @@ def test_snapshot_is_reused_within_the_refresh_interval() -> None:
     assert stats.snapshot() == first
     stats.refresh_s = 0
     assert stats.snapshot()["window_p99"] > first["window_p99"]
+
+
+def test_the_producer_reports_progress_as_often_as_the_display_asks(local_lake: Lake) -> None:
+    """The bench shows "produced" next to "seen": a producer reporting every 5 s would
+    show the consumer seeing messages not produced yet."""
+    calls: list[tuple[float, int]] = []
+    config = ProducerConfig(rate=2000, count=4000, commit_interval=0.05, run_id="progress")
+    report = Producer(local_lake, config).run(
+        on_progress=lambda p: calls.append((time.monotonic(), p["messages"])),
+        progress_every_s=0.25,
+    )
+    counts = [n for _, n in calls]
+    assert report.messages == 4000 and counts[-1] == 4000
+    assert counts == sorted(counts)
+    assert len(calls) >= 6, calls  # a 2 s run, a report every 0.25 s
+    gaps = [b - a for (a, _), (b, _) in zip(calls, calls[1:], strict=False)]
+    assert max(gaps[:-1]) < 0.6, gaps

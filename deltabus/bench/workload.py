@@ -84,7 +84,8 @@ class DeltaWorkload:
             run_id=s.run_id,
             start_us=start_us,
         )
-        report = Producer(self.lake, config).run(on_progress=on_progress)
+        # As often as the display refreshes: "produced" must not trail "seen" by seconds.
+        report = Producer(self.lake, config).run(on_progress=on_progress, progress_every_s=0.25)
         return report.as_dict()
 
 
