@@ -138,6 +138,10 @@ def test_bench_smoke_notify(minio: MinioServer, tmp_path: Path) -> None:
     idle = detail["cost"]["idle"]
     assert idle["first_after_idle_s"] > 0
     assert idle["producer_start_to_seen_s"] >= idle["first_after_idle_s"]
+    # Per-minute windows: one for a 3 s idle, with every watched component in it.
+    (window,) = idle["by_minute"]
+    assert {"minio", "etl", "notify relay"} <= window.keys(), window
+    assert window["all"] == round(sum(v for k, v in window.items() if k != "all"), 1)
 
 
 def kafka_ready() -> bool:

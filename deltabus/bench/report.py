@@ -159,6 +159,14 @@ def cost_markdown(runs: list[dict]) -> list[str]:
                     else "; the first messages sent after it were not seen within 30 s."
                 )
             )
+            minutes = idle.get("by_minute") or []
+            if len(minutes) > 1:
+                lines.append(
+                    "Idle by minute, % of one core in all (MinIO): "
+                    + ", ".join(f"{w['all']} ({w.get('minio', '—')})" for w in minutes)
+                    + ". MinIO's data scanner visits what the traffic wrote in its first "
+                    "cycle after it: the first minute carries that deferred cost."
+                )
     if prices:
         lines += ["", f"Prices: {prices}."]
     return lines

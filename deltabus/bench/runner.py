@@ -52,6 +52,7 @@ MAX_DRAIN_WAIT_FACTOR = 2.0  # after the producers end, wait at most this x dura
 
 # The probe sent after the idle window: a run id of its own, left out of the analysis.
 AFTER_IDLE_RUN = "after-idle"
+IDLE_WINDOW_S = 60.0  # the idle cost is also reported per window of this length
 AFTER_IDLE_COUNT = 10
 
 
@@ -403,18 +404,45 @@ class Bench:
     # -- the measured part, common to both backbones ----------------------------------
 
     def _measure_idle(self, pids: dict[str, int], seconds: float) -> dict:
-        """CPU and requests of the running pipeline with no traffic (what idling costs)."""
-        idle = CpuMeter()
-        for name, pid in pids.items():
-            if not name.startswith("producer"):
-                idle.watch(name, pid)
+        """CPU and requests of the running pipeline with no traffic (what idling costs).
+
+        Also per minute (`by_minute`, % of one core in all): MinIO's data scanner visits
+        the folders the traffic changed in the first cycle after it, about a minute, so
+        the first minute carries a deferred cost of the traffic and the later ones show
+        what idling itself costs.
+        """
+        watched = {n: pid for n, pid in pids.items() if not n.startswith("producer")}
+
+        def meter() -> CpuMeter:
+            m = CpuMeter()
+            for name, pid in watched.items():
+                m.watch(name, pid)
+            m.start()
+            return m
+
         log.info("measuring the idle pipeline for %g s", seconds)
-        idle.start()
+        idle = meter()
         if self.minio_requests:
             self.minio_requests.start()
-        time.sleep(seconds)
+        by_minute: list[dict[str, float]] = []
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            window = meter()
+            time.sleep(min(IDLE_WINDOW_S, left))
+            window.stop()
+            by_minute.append(window.report())
         idle.stop()
-        out: dict = {"seconds": seconds, "cpu_pct_of_one_core": idle.report()}
+        out: dict = {
+            "seconds": seconds,
+            "cpu_pct_of_one_core": idle.report(),
+            "by_minute": [
+                {
+                    "all": round(sum(v for k, v in w.items() if not k.startswith("machine")), 1),
+                    **{k: v for k, v in w.items() if not k.startswith("machine")},
+                }
+                for w in by_minute
+            ],
+        }
         if self.minio_requests:
             self.minio_requests.stop()
             out["requests_per_s"] = self.minio_requests.per_second()
