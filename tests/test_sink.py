@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from deltabus.etl.sink import BURST, DeltaSinkObserver
+from deltabus.etl.sink import BURST, REFILL_PER_INTERVAL, DeltaSinkObserver
 from deltabus.fast_append import TableAppender
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
@@ -55,8 +55,8 @@ def test_commits_are_rate_limited_and_nothing_is_lost(local_lake: Lake) -> None:
         time.sleep(0.01)
     elapsed = time.monotonic() - started
     sink.on_end()
-    # One commit per interval on average plus a burst, plus the final flush.
-    assert 2 <= sink.stats.commits <= BURST + elapsed / interval + 2
+    # The rate limit's commits per interval plus a burst, plus the final flush.
+    assert 2 <= sink.stats.commits <= BURST + REFILL_PER_INTERVAL * elapsed / interval + 2
     assert sink.stats.rows == 150
     assert sink.positions["timezone1"] == 29
     table = local_lake.open(UNIFIED_TABLE).to_pyarrow_table()
@@ -92,3 +92,28 @@ def test_a_quiet_input_is_not_waited_for(local_lake: Lake) -> None:
     wait_for(lambda: sink.positions["timezone1"] == 1)
     assert time.monotonic() - delivered < 0.35, "lingered for an input that went quiet"
     sink.on_end()
+
+
+def test_one_late_commit_does_not_delay_the_later_ones(local_lake: Lake) -> None:
+    """Both inputs deliver once per interval. Once, the second input comes too late to
+    share a commit, so two commits fall in one interval and use up the rate limit's
+    slack. The commits after it must come back in step with the deliveries, not wait for
+    the rate limit at a fixed offset from then on."""
+    interval = 0.2
+    sink = new_sink(local_lake, interval)
+    start = time.monotonic()
+    waits: list[float] = []
+    for cycle in range(14):
+        due = start + cycle * interval
+        time.sleep(max(0.0, due - time.monotonic()))
+        deliver(sink, "timezone1", cycle)
+        if cycle == 3:  # past the linger: timezone1's rows are committed alone
+            time.sleep(0.6 * interval)
+        delivered = time.monotonic()
+        deliver(sink, "timezone2", cycle)
+        wait_for(lambda c=cycle: sink.positions == {"timezone1": c, "timezone2": c})
+        waits.append(time.monotonic() - delivered)
+    sink.on_end()
+    assert max(waits[:3]) < 0.05, waits  # in step before the late delivery
+    assert max(waits[-4:]) < 0.05, waits  # and again a few intervals after it
+    assert sink.stats.rows == 14 * 2 * 5

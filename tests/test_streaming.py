@@ -7,7 +7,9 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import polars as pl
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from deltabus.lake import TABLE_ZONES, Lake
 from deltabus.producer import Producer, ProducerConfig
@@ -119,6 +121,30 @@ def test_etl_started_first_waits_for_the_producer(minio_lake: Lake, tmp_path: Pa
     assert etl.returncode == 0, stderr[-3000:]
     assert "waiting for input table timezone1" in stderr
     assert_exactly_once(minio_lake, expected=1500)
+    assert_time_is_when_pathway_processed_the_row(minio_lake)
+
+
+def commit_times(lake: Lake, table: str, columns: list[str]) -> pl.DataFrame:
+    """`columns` of every row the table gained, with its commit's timestamp in epoch ms."""
+    dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+    rows = pl.from_arrow(pa.table(dt.load_cdf(starting_version=0, ending_version=dt.version())))
+    assert isinstance(rows, pl.DataFrame)
+    return rows.select(*columns, committed=pl.col("_commit_timestamp").dt.epoch("ms"))
+
+
+def assert_time_is_when_pathway_processed_the_row(lake: Lake) -> None:
+    """A streaming ETL's `time` lies between the input commit that carried the row and
+    the unified commit that holds it: Pathway cannot process a row before its input was
+    committed, and the sink cannot commit it before it was processed."""
+    inputs = pl.concat([commit_times(lake, t, ["message"]) for t in ("timezone1", "timezone2")])
+    unified = commit_times(lake, "timezone_unified", ["message", "time"])
+    rows = inputs.join(unified, on="message", suffix="_unified")
+    assert rows.height == inputs.height
+    # 1 ms of slack: Pathway's times are even milliseconds.
+    early = rows.filter(pl.col("time") + 1 < pl.col("committed"))
+    late = rows.filter(pl.col("time") > pl.col("committed_unified"))
+    assert early.is_empty(), f"{early.height} rows stamped before their input commit: {early}"
+    assert late.is_empty(), f"{late.height} rows stamped after their unified commit: {late}"
 
 
 def test_pathway_worker_threads_deliver_every_message_once(

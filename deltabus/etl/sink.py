@@ -29,7 +29,12 @@ from deltabus.tables import UNIFIED_SCHEMA, metadata
 log = logging.getLogger(__name__)
 _monotonic = time.monotonic  # on_time_end's `time` argument shadows the module
 
-BURST = 2  # commits allowed back to back; the average stays one per commit interval
+BURST = 2  # commits allowed back to back
+# The rate limit refills this many commits per commit interval: a little more than the one
+# per interval that inputs committing once per interval need, so after a late input made
+# two commits share an interval, the commits come back in step with the arrivals within a
+# few intervals. At exactly one per interval they would stay behind them for good.
+REFILL_PER_INTERVAL = 1.25
 # An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
 # log listing): a fenced ETL then exits even when it has nothing more to commit.
 LEASE_CHECK_S = 5.0
@@ -127,14 +132,14 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     # -- committer thread ---------------------------------------------------------------
 
     def _commit_loop(self) -> None:
-        """Commit as soon as rows are waiting, at most once per commit interval on average.
+        """Commit as soon as rows are waiting, about once per commit interval at most.
 
         Waiting for a fixed tick would add half an interval of latency on average; this
         commits right after data arrives when the stream is sparse and batches a full
-        interval when it is dense. The rate limit is a token bucket (one commit per
-        interval, bursts of `BURST`) rather than a minimum gap after the previous commit:
-        with a gap, one commit delayed by x ms delays every later one by x as well,
-        since inputs arrive once per interval too.
+        interval when it is dense. The rate limit is a token bucket (`REFILL_PER_INTERVAL`
+        commits per interval, bursts of `BURST`) rather than a minimum gap after the
+        previous commit: with a gap, or with a bucket refilled at exactly the rate the
+        inputs arrive, one commit delayed by x ms delays every later one by x as well.
         """
         try:
             while True:
@@ -188,9 +193,10 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     def _token_wait(self) -> float:
         """Seconds until the rate limit allows the next commit."""
         now = _monotonic()
-        self._tokens = min(BURST, self._tokens + (now - self._refilled) / self.commit_interval)
+        per_token = self.commit_interval / REFILL_PER_INTERVAL
+        self._tokens = min(BURST, self._tokens + (now - self._refilled) / per_token)
         self._refilled = now
-        return max(0.0, (1 - self._tokens) * self.commit_interval)
+        return max(0.0, (1 - self._tokens) * per_token)
 
     def _gather(self) -> None:
         """Wait until the rate limit allows a commit and every active input has delivered.

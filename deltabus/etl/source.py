@@ -98,7 +98,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         self.max_versions_per_read = max_versions_per_read
         self.stats = SourceStats(finished_runs=set(finished_runs or ()))
         self.on_start = on_start
-        # Called right after rows were sent (deltabus.etl.ticker commits them).
+        # Called right after rows were sent (deltabus.etl.ticker commits them); with it
+        # set, the subject also commits right before sending (see `_emit`).
         self.on_sent: Callable[[], None] | None = None
         # Skip input commits that remove rows without change data (Settings).
         self.skip_change_commits = skip_change_commits
@@ -278,6 +279,10 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                         "_commit_version", as_dict=True, maintain_order=True
                     ).items()
                 ]
+            if groups and self.on_sent is not None:
+                # Rows take the Pathway time opened by their input's last commit: commit
+                # first, so `time` is now and not when the previous rows were sent.
+                self.commit()
             for version, part in groups:
                 local, offset_seconds = pathway_columns(part["date"].to_arrow())
                 self.next(
