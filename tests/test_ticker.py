@@ -1,5 +1,6 @@
 """The commit ticker in a real Pathway dataflow: rows of one input reach the output while
-the other input is silent, each send gets one commit, and an idle dataflow gets none."""
+the other input is silent, the ticks stop when the inputs go idle, and they start again
+with the next rows."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_ticks_follow_the_rows_and_stop_when_idle() -> None:
     done = threading.Event()
     busy = Scripted([[1, 2, 3], [4, 5]], go, done)
     quiet = Scripted([[], []], go, done)  # never sends a row, never commits by itself
-    ticker = CommitTicker([busy, quiet])
+    ticker = CommitTicker([busy, quiet], interval=0.01, linger=0.3)
     busy.on_sent = quiet.on_sent = ticker.rows_sent
 
     streams = [pw.io.python.read(s, schema=Row, autocommit_duration_ms=None) for s in (busy, quiet)]
@@ -59,7 +60,7 @@ def test_ticks_follow_the_rows_and_stop_when_idle() -> None:
             go[0].set()
             wait_for(lambda: len(arrived) == 3)
             ticks["first_latency_ms"] = int((max(arrived.values()) - sent1) * 1000)
-            time.sleep(0.2)
+            time.sleep(0.6)  # past the linger: the ticker must have stopped
             ticks["idle_start"] = ticker.ticks
             time.sleep(0.5)
             ticks["idle_end"] = ticker.ticks
@@ -85,10 +86,8 @@ def test_ticks_follow_the_rows_and_stop_when_idle() -> None:
     # The quiet input is committed with the busy one, so the rows are not held back.
     assert ticks["first_latency_ms"] < 500, ticks
     assert ticks["second_latency_ms"] < 500, ticks
-    # One send, one commit (two if the send raced the commit); none while idle.
-    assert 1 <= ticks["idle_start"] <= 2, ticks
-    assert ticks["idle_end"] == ticks["idle_start"], "the ticker committed while idle"
-    assert ticker.ticks - ticks["idle_end"] in (1, 2), ticker.ticks
+    assert ticks["idle_start"] > 0
+    assert ticks["idle_end"] == ticks["idle_start"], "the ticker kept ticking while idle"
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:

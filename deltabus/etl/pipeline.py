@@ -52,6 +52,8 @@ class EtlConfig:
     expected_producers: int = 1
     # Bounded mode: stop at these producer runs' finish markers, not at a count of runs.
     until_runs: frozenset[str] = frozenset()
+    # Pathway commits every tick_ms while rows flow, none while idle (deltabus.etl.ticker).
+    tick_ms: int = 10
     threads: int = 1
     # This ETL is process `process` of `processes`, and owns the partitions i with
     # i mod processes == process (deltabus.partitions); 0 of 1 owns them all.
@@ -233,7 +235,7 @@ def run_etl(
     ]
     subjects = [s for flow in flows for s in flow.subjects]
     sinks = [flow.sink for flow in flows]
-    ticker = CommitTicker(subjects)  # a Pathway commit after each send, none while idle
+    ticker = CommitTicker(subjects, config.tick_ms / 1000)
     for subject in subjects:
         subject.on_sent = ticker.rows_sent
 
