@@ -154,10 +154,11 @@ def kafka_ready() -> bool:
 @pytest.mark.skipif(not kafka_ready(), reason="needs Java 17 and `platform/kafka.sh fetch`")
 def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
     """Two partitions per stream, two ETL processes splitting them: every message seen
-    once through the consumer of both unified partitions, each ETL's CPU reported."""
+    once through the consumer of both unified partitions, each ETL's CPU reported, and
+    the idle window measured with both ETLs."""
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
     out = tmp_path / "out"
-    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1"]
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--idle-s", "2"]
     args += ["--partitions", "2", "--etl-processes", "2"]
     args += ["--profile", "100ms", "--out", str(out), "--no-local-minio", "--grace", "15"]
     result = run_cli(args, lake_env(lake), tmp_path, timeout=180)
@@ -170,6 +171,9 @@ def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
     assert sorted(p for r in detail["etl_reports"] for p in r["partitions"]) == [0, 1]
     run_lake = Lake(lake.settings.with_prefix(detail["lake_prefix"]))
     assert run_lake.exists("timezone_unified-p0") and run_lake.exists("timezone_unified-p1")
+    idle = detail["cost"]["idle"]
+    assert {"etl", "etl 1"} <= set(idle["cpu_pct_of_one_core"]), idle
+    assert idle["first_after_idle_s"] > 0  # the probe reached the consumer after the idle
 
 
 def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:

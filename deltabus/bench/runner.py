@@ -257,7 +257,9 @@ class Bench:
             if serving is not None:
                 total = sum(s.total for s in state.specs)
                 serving.wait(total, cfg.grace, MAX_DRAIN_WAIT_FACTOR * cfg.duration + 60)
-            if cfg.idle_s > 0 and etls[-1].alive() and isinstance(consumer, DeltaUnifiedConsumer):
+            # The ETLs running now: a backlog drain (one ETL only) restarted etls[0].
+            running = etls if cfg.etl_processes > 1 else etls[-1:]
+            if cfg.idle_s > 0 and all(e.alive() for e in running):
                 state.idle = self._measure_idle(cpu.pids, cfg.idle_s)
                 state.idle.update(self._first_after_idle(lake, consumer) or {})
         finally:
@@ -448,7 +450,9 @@ class Bench:
             out["requests_per_s"] = self.minio_requests.per_second()
         return out
 
-    def _first_after_idle(self, lake: Lake, consumer: DeltaUnifiedConsumer) -> dict | None:
+    def _first_after_idle(
+        self, lake: Lake, consumer: DeltaUnifiedConsumer | PartitionedConsumer
+    ) -> dict | None:
         """What the first messages after the idle window wait (their tails had backed off):
         `first_after_idle_s`, their end-to-end latency as every sample's (seen minus
         scheduled send time), and `producer_start_to_seen_s`, from starting a producer
