@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 import pyarrow as pa
@@ -14,6 +16,7 @@ from deltalake import DeltaTable
 
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.partitions import read_layout
+from deltabus.processes import LAKE_ENV_PREFIXES
 from deltabus.tables import UNIFIED_SCHEMA
 
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
@@ -91,3 +94,25 @@ def unified_rows(start: int, n: int) -> pa.Table:
         },
         schema=UNIFIED_SCHEMA,
     )
+
+
+class DevMinioCli(NamedTuple):
+    """What a `deltabus minio up` / `down` test runs with."""
+
+    env_file: Path  # names the endpoint and the bucket; `up` writes credentials into it
+    env: dict[str, str]  # this process's environment without lake settings
+    data_dir: Path
+    up: list[str]
+    down: list[str]
+
+
+def dev_minio_cli(tmp_path: Path, port: int, bucket: str) -> DevMinioCli:
+    """A dev MinIO on `port` with `bucket`, driven by the CLI as a user would."""
+    env_file = tmp_path / "dev.env"
+    env_file.write_text(
+        f"DELTABUS_MINIO_ENDPOINT=http://127.0.0.1:{port}\nDELTABUS_BUCKET={bucket}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
+    data_dir = tmp_path / "minio"
+    up = ["--env-file", str(env_file), "minio", "up", "--data-dir", str(data_dir)]
+    return DevMinioCli(env_file, env, data_dir, up, ["minio", "down", "--data-dir", str(data_dir)])

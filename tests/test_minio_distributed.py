@@ -26,7 +26,7 @@ from deltabus.lake import Lake
 from deltabus.local_minio import MinioCluster, build_minio, find_minio, port_taken
 from deltabus.processes import LAKE_ENV_PREFIXES
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
-from tests.helpers import assert_exactly_once, etl_process, wait_for_file
+from tests.helpers import assert_exactly_once, dev_minio_cli, etl_process, wait_for_file
 
 KILLED = 2  # the node the fault test kills (0-based); node 0 serves the clients
 
@@ -247,14 +247,7 @@ def test_cli_minio_up_single_node_writes_credentials_and_down(tmp_path: Path) ->
     once (never printed), the bucket created; a remote endpoint is refused."""
     minio_binary()
     port = _free_port_run(1)
-    env_file = tmp_path / "dev.env"
-    env_file.write_text(
-        f"DELTABUS_MINIO_ENDPOINT=http://127.0.0.1:{port}\nDELTABUS_BUCKET=dev-single\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
-    data_dir = tmp_path / "minio"
-    up = ["--env-file", str(env_file), "minio", "up", "--data-dir", str(data_dir)]
-    down = ["minio", "down", "--data-dir", str(data_dir)]
+    env_file, env, data_dir, up, down = dev_minio_cli(tmp_path, port, "dev-single")
     try:
         result = run_cli(up, env, tmp_path, timeout=180)
         assert result.returncode == 0, result.stdout + result.stderr

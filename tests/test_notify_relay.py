@@ -32,6 +32,7 @@ from deltabus.notify_relay import PING_LINE, NotifyRelay, subscribe
 from deltabus.processes import LAKE_ENV_PREFIXES
 from deltabus.settings import Settings, load_settings
 from tests.conftest import minio_settings_for, run_cli
+from tests.helpers import dev_minio_cli
 from tests.test_notify import commit_key, drain, put_and_wait, wait_until
 
 WAKE_LIMIT_S = 0.5
@@ -180,16 +181,9 @@ def test_cli_minio_up_notify_pushes_commits_and_down_stops_the_relay(
     bucket subscribed and the tails pointed at it in the env file; a commit then wakes a
     tail through the relay. A second `up` reuses both; `down` stops both."""
     port, relay_port = free_port(), free_port()
-    env_file = tmp_path / "dev.env"
-    env_file.write_text(
-        f"DELTABUS_MINIO_ENDPOINT=http://127.0.0.1:{port}\nDELTABUS_BUCKET=dev-notify\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
+    env_file, env, data_dir, up, down = dev_minio_cli(tmp_path, port, "dev-notify")
     env["DELTABUS_MINIO_BIN"] = str(minio.binary)
-    data_dir = tmp_path / "minio"
-    up = ["--env-file", str(env_file), "minio", "up", "--data-dir", str(data_dir)]
     up += ["--notify", "--relay-port", str(relay_port)]
-    down = ["minio", "down", "--data-dir", str(data_dir)]
     try:
         result = run_cli(up, env, tmp_path, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
