@@ -11,8 +11,10 @@ import logging
 import math
 import os
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from deltabus.errors import ConfigError, DeltabusError, user_storage_error
@@ -100,6 +102,41 @@ def max_wait_s() -> float:
     return DEFAULT_MAX_WAIT_S if text is None else parse_max_wait(text)
 
 
+# A process asked to stop (SIGTERM, Ctrl-C) keeps retrying an outage only this long.
+STOP_GRACE_S = 5.0
+_stop_events: list[threading.Event] = []
+
+
+@contextmanager
+def stop_waiting_on(event: threading.Event) -> Iterator[None]:
+    """While inside, a set `event` cuts every retry wait in this process short.
+
+    Without it, an ETL stopped during an outage kept retrying for the whole budget
+    (minutes) before it exited. Giving up loses nothing: a position only advances with
+    the commit that carries its rows, so the next run reads again what was not committed.
+    """
+    _stop_events.append(event)
+    try:
+        yield
+    finally:
+        _stop_events.remove(event)
+
+
+def _stop_requested() -> bool:
+    return any(event.is_set() for event in _stop_events)
+
+
+def _pause(seconds: float) -> None:
+    """Sleep, waking early once a stop is requested."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0 and not _stop_requested():
+        time.sleep(min(left, 0.05))
+
+
+class StoppedDuringOutage(DeltabusError):
+    """A stop was requested while storage was unavailable."""
+
+
 def retry_storage(
     fn: Callable[[], T],
     *,
@@ -118,6 +155,7 @@ def retry_storage(
     """
     budget = max_wait_s() if max_wait is None else max_wait
     deadline = time.monotonic() + budget
+    stopping = False
     delay = first_delay
     attempt = 0
     while True:
@@ -131,7 +169,20 @@ def retry_storage(
                 log.debug("%s: %s; retrying", what, exc)
                 time.sleep(random.uniform(0.001, 0.005 * min(attempt, 10)))
                 continue
-            if not transient(exc) or time.monotonic() + delay > deadline:
+            if not transient(exc):
+                raise
+            if not stopping and _stop_requested():
+                stopping = True  # a few more tries for a blip, then give up
+                deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
+                delay = min(delay, 1.0)
+            if time.monotonic() + delay > deadline:
+                if stopping:
+                    raise StoppedDuringOutage(
+                        f"stopped while the storage was unavailable ({what}); what was not "
+                        "committed yet is read again by the next run, nothing is lost",
+                        "bring the storage back (check the endpoint and that MinIO runs), "
+                        "then start again",
+                    ) from exc
                 raise
             first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             log.warning(
@@ -141,5 +192,5 @@ def retry_storage(
                 first_line,
                 delay,
             )
-            time.sleep(delay)
-            delay = min(max_delay, delay * 2)
+            time.sleep(delay) if stopping else _pause(delay)
+            delay = min(max_delay if not stopping else 1.0, delay * 2)

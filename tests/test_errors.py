@@ -210,3 +210,43 @@ def test_transient_errors_are_told_from_permanent_ones(message: str, transient: 
     from deltabus.retry import is_transient
 
     assert is_transient(OSError(message)) is transient
+
+
+def test_a_stop_cuts_an_outage_retry_short_but_rides_out_a_blip():
+    """retry_storage under `stop_waiting_on`: once the stop is set it tries a few more
+    seconds (a blip passes), then raises a clear error instead of waiting out its budget."""
+    import threading
+    import time
+
+    from deltabus import retry
+
+    stop = threading.Event()
+    calls: list[float] = []
+
+    def down() -> None:
+        calls.append(time.monotonic())
+        raise ConnectionError("connection refused")
+
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    with retry.stop_waiting_on(stop), pytest.raises(retry.StoppedDuringOutage) as caught:
+        retry.retry_storage(down, what="poll timezone1", max_wait=120)
+    took = time.monotonic() - started
+    assert took < retry.STOP_GRACE_S + 2, took
+    assert "poll timezone1" in str(caught.value) and "nothing is lost" in str(caught.value)
+    assert len(calls) >= 4  # it kept trying during the grace, about once a second
+
+    # A blip right at the stop: the call still succeeds.
+    stop.clear()
+    stop.set()
+    attempts = iter([ConnectionError("connection reset"), ConnectionError("503"), None])
+
+    def blip() -> str:
+        if (exc := next(attempts)) is not None:
+            raise exc
+        return "committed"
+
+    with retry.stop_waiting_on(stop):
+        assert retry.retry_storage(blip, what="commit", max_wait=120) == "committed"
+    # Outside the context, a set event no longer shortens anything.
+    assert not retry._stop_requested()

@@ -403,3 +403,52 @@ def test_maintenance_during_the_stream(minio_lake: Lake, tmp_path: Path):
     assert len(seen) == 10_000 and len(set(seen)) == 10_000, (
         "the consumer saw rows twice or lost some"
     )
+
+
+def test_etl_stopped_during_an_outage_exits_promptly_and_loses_nothing(
+    own_minio: MinioServer, tmp_path: Path
+):
+    """SIGTERM while storage is down: the ETL stops within seconds, not after its retry
+    budget, says why, and the next run delivers every message exactly once."""
+    lake = Lake(minio_settings_for(own_minio, "stop-outage"))
+    lake.init_bucket()
+    env = lake_env(lake) | {"DELTABUS_RETRY_MAX_WAIT_S": "120"}
+    producer = subprocess.Popen(
+        [sys.executable, "-m", "deltabus", "produce", "--run-id", "stop-outage"]
+        + ["--count", "6000", "--rate", "1000", "--commit-interval-ms", "100"],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ready = tmp_path / "ready"
+    etl = etl_process(env, tmp_path, "--mode", "continuous", "--ready-file", str(ready))
+    try:
+        wait_for_file(ready, etl)
+        deadline = time.monotonic() + 60
+        while not (
+            lake.exists("timezone_unified") and lake.open("timezone_unified").version() >= 3
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        own_minio.stop()
+        time.sleep(1.5)  # the ETL is retrying now
+        etl.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, etl_log = etl.communicate(timeout=60)
+        took = time.monotonic() - sent
+        own_minio.start()
+        _, producer_log = producer.communicate(timeout=180)
+    finally:
+        for p in (producer, etl):
+            if p.poll() is None:
+                p.kill()
+    assert took < 20, f"the ETL took {took:.1f}s to stop (retry budget 120s)"
+    assert etl.returncode == 2, etl_log[-3000:]
+    assert "stopped while the storage was unavailable" in etl_log, etl_log[-3000:]
+    assert "Traceback" not in etl_log, etl_log[-3000:]
+    assert producer.returncode == 0, producer_log[-3000:]
+    rerun = run_cli(["etl"], env, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    verdict = duckdb_exactly_once(lake)
+    assert verdict["unified"] == 6_000

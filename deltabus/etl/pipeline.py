@@ -36,7 +36,7 @@ from deltabus.intervals import (
 )
 from deltabus.lake import Lake
 from deltabus.partitions import Layout, ensure_layout, read_layout
-from deltabus.retry import retry_storage
+from deltabus.retry import retry_storage, stop_waiting_on
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,8 @@ def run_etl(
     started = time.monotonic()
     ticker.start()
     try:
-        pw.run(monitoring_level=pw.MonitoringLevel.NONE)
+        with stop_waiting_on(stop):  # a stop during an outage does not wait it out
+            pw.run(monitoring_level=pw.MonitoringLevel.NONE)
     except Exception as exc:
         # A connector thread failed: raise its own error (a DeltabusError tells the user
         # what to fix), not Pathway's wrapper around it.
