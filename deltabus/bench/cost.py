@@ -111,6 +111,10 @@ def cost_summary(
         "cpu_s_per_million_msgs_total": round(sum(per_million.values()), 1),
         "cpu_cores_total": round(sum(components.values()) / 100, 2),
     }
+    # The whole machine: busy, and taken by the hypervisor (steal), on average and at worst.
+    machine = {k.removeprefix("machine_"): v for k, v in cpu_pct.items() if k.startswith("machine")}
+    if machine:
+        out["machine"] = machine
     if requests_per_s is not None:
         out["requests_per_s"] = requests_per_s
         out["requests_per_million_msgs"] = round(requests_per_s["total"] / rate * 1_000_000, 1)

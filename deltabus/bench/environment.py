@@ -9,6 +9,7 @@ import platform as _platform  # the standard library module (never a local packa
 import secrets
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -156,6 +157,40 @@ def machine_busy() -> tuple[float, float] | None:
     return total - idle, total
 
 
+def machine_steal_s() -> float:
+    """CPU seconds of all CPUs the hypervisor gave to other guests since boot (0 on bare
+    metal or where the kernel does not report it)."""
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
+
+
+class StealSampler:
+    """Steal time once a second, in a thread: on a virtual machine a stall that shows in
+    every stage at once, the producer's included, is often the hypervisor running someone
+    else, and its worst second says so where the run's average hides it."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.worst_pct = 0.0  # % of all cores stolen in the worst interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steal-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        cores = psutil.cpu_count() or 1
+        last_t, last = time.monotonic(), machine_steal_s()
+        while not self._stop.wait(self.every_s):
+            now_t, now = time.monotonic(), machine_steal_s()
+            pct = 100 * (now - last) / max(1e-9, (now_t - last_t) * cores)
+            self.worst_pct = max(self.worst_pct, pct)
+            last_t, last = now_t, now
+
+
 class CpuMeter:
     """CPU used by named processes (and the whole machine) between start() and stop().
 
@@ -170,6 +205,8 @@ class CpuMeter:
         self._t0 = self._t1 = 0.0
         self._m0: tuple[float, float] | None = None
         self._m1: tuple[float, float] | None = None
+        self._steal0 = self._steal1 = 0.0
+        self._steal = StealSampler()
 
     def watch(self, name: str, pid: int | None, tree: bool = False) -> None:
         if pid is None:
@@ -192,12 +229,16 @@ class CpuMeter:
     def start(self) -> None:
         self._t0 = time.monotonic()
         self._m0 = machine_busy()
+        self._steal0 = machine_steal_s()
+        self._steal.start()
         for name, pid in self.pids.items():
             self._start[name] = self._cpu_s(name, pid) or 0.0
 
     def stop(self) -> None:
         self._t1 = time.monotonic()
         self._m1 = machine_busy()
+        self._steal1 = machine_steal_s()
+        self._steal.stop()
         for name in self.pids:
             self.sample(name)
 
@@ -211,4 +252,7 @@ class CpuMeter:
         if self._m0 and self._m1 and self._m1[1] > self._m0[1]:
             busy = (self._m1[0] - self._m0[0]) / (self._m1[1] - self._m0[1])
             out["machine_busy_pct_of_all_cores"] = round(100 * busy, 1)
+            stolen = (self._steal1 - self._steal0) / (self._m1[1] - self._m0[1])
+            out["machine_steal_pct_of_all_cores"] = round(100 * stolen, 1)
+            out["machine_steal_worst_second_pct"] = round(self._steal.worst_pct, 1)
         return out
