@@ -116,3 +116,18 @@ def dev_minio_cli(tmp_path: Path, port: int, bucket: str) -> DevMinioCli:
     data_dir = tmp_path / "minio"
     up = ["--env-file", str(env_file), "minio", "up", "--data-dir", str(data_dir)]
     return DevMinioCli(env_file, env, data_dir, up, ["minio", "down", "--data-dir", str(data_dir)])
+
+
+def batch_row(source: str, version: int, messages: list[str], diff: int = 1) -> dict:
+    """A row as the Delta sink receives it from the transform: one input version's rows
+    (`timestamp`, `message`, `diff`) in a wrapped Arrow table, with its source and version."""
+    import pathway as pw
+
+    rows = pa.table(
+        {
+            "timestamp": [float(i) + 0.5 for i in range(len(messages))],
+            "message": messages,
+            "diff": pa.array([diff] * len(messages), pa.int64()),
+        }
+    )
+    return {"rows": pw.wrap_py_object(rows), "source": source, "version": version}

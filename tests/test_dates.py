@@ -99,10 +99,10 @@ def through_etl(values: list[str | None]) -> tuple[dict[int, str], dict[int, flo
     if valid.height == 0:
         return reasons, {}
     G.clear()
-    local, offset_seconds = dates.pathway_columns(valid["date"].to_arrow())
-    rows = list(zip(local, offset_seconds, valid["message"], valid["_diff"], strict=True))
-    batches = pw.debug.table_from_rows(BatchSchema, [(rows, "timezone1", 7)])
-    out = pw.debug.table_to_pandas(unified_expression(batches), include_id=False)
+    rows = valid.select("date", "message", diff=pl.col("_diff").cast(pl.Int64)).to_arrow()
+    batches = pw.debug.table_from_rows(BatchSchema, [(pw.wrap_py_object(rows), "timezone1", 7)])
+    (out,) = pw.debug.table_to_pandas(unified_expression(batches), include_id=False)["rows"]
+    out = pl.from_arrow(out.value)
     assert sorted(out["message"]) == sorted(valid["message"])
     return reasons, {int(m[1:]): t for m, t in zip(out["message"], out["timestamp"], strict=True)}
 

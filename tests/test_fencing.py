@@ -20,7 +20,13 @@ from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 from tests.conftest import lake_env
-from tests.helpers import assert_exactly_once, etl_process, read_unified, wait_for_file
+from tests.helpers import (
+    assert_exactly_once,
+    batch_row,
+    etl_process,
+    read_unified,
+    wait_for_file,
+)
 from tests.test_faults import produce_in_background
 
 
@@ -55,15 +61,14 @@ def test_a_fenced_sink_stops_and_writes_nothing(lake: Lake):
     )
     claim(lake.open(UNIFIED_TABLE), UNIFIED_TABLE, UNIFIED_SCHEMA, "continuous")
     now = int(time.time() * 1000)
-    row = {"timestamp": 1.0, "message": "m", "source": "timezone1", "version": 0, "diff": 1}
-    sink.on_change(None, row, now, True)  # type: ignore[arg-type]
+    sink.on_change(None, batch_row("timezone1", 0, ["m"]), now, True)  # type: ignore[arg-type]
     sink.on_time_end(now)
     deadline = time.monotonic() + 10
     while not failures and time.monotonic() < deadline:
         time.sleep(0.02)
     assert failures and isinstance(failures[0], FencedError)
     assert isinstance(sink.error, FencedError)
-    sink.on_change(None, {**row, "message": "late"}, now + 1, True)  # type: ignore[arg-type]
+    sink.on_change(None, batch_row("timezone1", 1, ["late"]), now + 1, True)  # type: ignore[arg-type]
     sink.on_time_end(now + 1)  # dropped: the ETL is stopping
     sink.on_end()
     assert read_unified(lake).height == 0

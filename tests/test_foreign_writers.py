@@ -688,7 +688,7 @@ def test_source_sends_each_version_whole_and_in_order(local_lake: Lake) -> None:
 
     class Recording(DeltaTailSubject):
         def next(self, **values) -> None:  # type: ignore[override]
-            sent.append((values["version"], [row[3] for row in values["rows"]]))
+            sent.append((values["version"], values["rows"].value["diff"].to_pylist()))
 
     subject = Recording(
         local_lake,

@@ -15,8 +15,8 @@ def test_row_cost_runs_every_cut_and_the_observer_sees_every_row() -> None:
         check=True,
         timeout=300,
     ).stdout
-    cuts = dict(re.findall(r"^\s*(\w+): ([0-9.]+) CPU-µs per row", out, re.MULTILINE))
-    assert set(cuts) == {"flatten", "transform", "observer"}, out
+    cuts = dict(re.findall(r"^\s*(\w+): ([0-9.]+) CPU-µs per message", out, re.MULTILINE))
+    assert set(cuts) == {"engine", "transform", "observer"}, out
     assert all(float(v) > 0 for v in cuts.values()), out
     # 4 batches of 500 rows on each of the two inputs, all through the transform.
-    assert "(4,000 rows, 4,000 seen by the observer)" in out, out
+    assert "(4,000 messages, 4,000 seen by the observer)" in out, out

@@ -13,6 +13,7 @@ from deltabus.etl.sink import BURST, REFILL_PER_INTERVAL, DeltaSinkObserver
 from deltabus.fast_append import TableAppender
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
+from tests.helpers import batch_row
 
 SOURCES = ("timezone1", "timezone2")
 
@@ -20,15 +21,8 @@ SOURCES = ("timezone1", "timezone2")
 def deliver(sink: DeltaSinkObserver, source: str, version: int, n: int = 5) -> None:
     """One Pathway time carrying `n` rows of one input version."""
     now = int(time.time() * 1000)
-    for i in range(n):
-        row = {
-            "timestamp": float(now),
-            "message": f"{source}-{version}-{i}",
-            "source": source,
-            "version": version,
-            "diff": 1,
-        }
-        sink.on_change(None, row, now, True)  # type: ignore[arg-type]
+    row = batch_row(source, version, [f"{source}-{version}-{i}" for i in range(n)])
+    sink.on_change(None, row, now, True)  # type: ignore[arg-type]
     sink.on_time_end(now)
 
 
@@ -117,3 +111,18 @@ def test_one_late_commit_does_not_delay_the_later_ones(local_lake: Lake) -> None
     assert max(waits[:3]) < 0.05, waits  # in step before the late delivery
     assert max(waits[-4:]) < 0.05, waits  # and again a few intervals after it
     assert sink.stats.rows == 14 * 2 * 5
+
+
+def test_an_input_just_committed_is_not_waited_for_again(local_lake: Lake) -> None:
+    """The first input's batch went out in a commit of its own; when the second input's
+    batch of the same round arrives, the sink must not linger for the first input's next
+    batch, which is an interval away."""
+    interval = 1.0  # a linger would take 0.5 s
+    sink = new_sink(local_lake, interval)
+    deliver(sink, "timezone1", 0)  # the only active input: committed at once
+    wait_for(lambda: sink.positions["timezone1"] == 0)
+    delivered = time.monotonic()
+    deliver(sink, "timezone2", 0)
+    wait_for(lambda: sink.positions["timezone2"] == 0)
+    assert time.monotonic() - delivered < 0.25, "lingered for an input it had just committed"
+    sink.on_end()

@@ -90,31 +90,25 @@ class EtlReport:
         return asdict(self)
 
 
+@pw.udf(deterministic=True)
+def _unify(rows: pw.PyObjectWrapper) -> pw.PyObjectWrapper:
+    """One input version's rows in the unified contract (deltabus.etl.dates.unify_chunk)."""
+    from deltabus.etl.dates import unify_chunk
+
+    return pw.wrap_py_object(unify_chunk(rows.value))
+
+
 def unified_expression(batches: pw.Table) -> pw.Table:
-    """Flatten version batches into rows and parse `date` into epoch milliseconds (UTC).
+    """Parse every version batch's `date` into epoch milliseconds (UTC).
 
-    `date` is the canonical form the validator gives every accepted date (the grammar and
-    both expressions: deltabus.etl.dates); `timestamp` is the double nearest to its epoch
-    milliseconds. `diff` is the input row's sign: -1 for a row an input lost (delete,
-    update pre-image), which the sink writes as a retraction.
+    `rows` becomes a frame of `timestamp` (the double nearest to the date's epoch
+    milliseconds), `message` and `diff` (-1 for a row an input lost: delete, update
+    pre-image), which the sink writes with the batch's Pathway time as every row's `time`
+    (the time a flattened row would carry: flattening keeps its batch's time). A batch is
+    one Pathway row: the engine's cost per row, not per message (BatchSchema). The UDF is
+    deterministic, so Pathway keeps no copy of its results.
     """
-    from deltabus.etl.dates import epoch_ms, epoch_ns
-
-    rows = batches.flatten(pw.this.rows)
-    parsed = rows.select(
-        ns=epoch_ns(pw.this.rows[0], pw.this.rows[1]),
-        message=pw.this.rows[2],
-        diff=pw.this.rows[3],
-        source=pw.this.source,
-        version=pw.this.version,
-    )
-    return parsed.select(
-        timestamp=epoch_ms(pw.this.ns),
-        message=pw.this.message,
-        diff=pw.this["diff"],
-        source=pw.this.source,
-        version=pw.this.version,
-    )
+    return batches.select(rows=_unify(pw.this.rows), source=pw.this.source, version=pw.this.version)
 
 
 @dataclass

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pathway as pw
 import pyarrow as pa
 
@@ -38,6 +39,27 @@ REFILL_PER_INTERVAL = 1.25
 # An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
 # log listing): a fenced ETL then exits even when it has nothing more to commit.
 LEASE_CHECK_S = 5.0
+
+
+def unified_table(batches: list[tuple[pa.Table, int, int]]) -> pa.Table:
+    """Batches of (`timestamp`, `message`, `diff`) rows with their Pathway time and sign
+    as one Arrow table in the unified contract: `time` is the batch's, `diff` signed."""
+    if not batches:
+        return UNIFIED_SCHEMA.empty_table()
+    rows = pa.concat_tables([b for b, _, _ in batches])
+    heights = [b.num_rows for b, _, _ in batches]
+    times = np.repeat(np.array([t for _, t, _ in batches], dtype=np.int64), heights)
+    signs = np.repeat(np.array([s for _, _, s in batches], dtype=np.int64), heights)
+    diff = rows["diff"].to_numpy() * signs
+    return pa.Table.from_arrays(
+        [
+            rows["timestamp"].cast(pa.float64()),
+            rows["message"].cast(pa.string()),
+            pa.array(times, pa.int64()),
+            pa.array(diff, pa.int64()),
+        ],
+        schema=UNIFIED_SCHEMA,
+    )
 
 
 @dataclass
@@ -72,8 +94,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self.positions = dict(positions)  # highest input version fully delivered
         self.seq = next_seq
         self.stats = SinkStats(version=appender.version())
-        self._cols: tuple[list, list, list, list] = ([], [], [], [])
-        self._pending: list[tuple[tuple[list, list, list, list], dict[str, int]]] = []
+        # This Pathway time's batches: (rows, time, sign) per version batch.
+        self._batches: list[tuple[pa.Table, int, int]] = []
+        self._pending: list[tuple[list[tuple[pa.Table, int, int]], dict[str, int]]] = []
         self._seen: dict[str, int] = dict(positions)
         self._delivered: dict[str, int] = dict(positions)  # as of the last time end
         self._last_arrival: dict[str, float] = {}  # input -> when it last delivered rows
@@ -89,13 +112,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     # -- Pathway callbacks (engine thread) ---------------------------------------------
 
     def on_change(self, key: pw.Pointer, row: dict, time: int, is_addition: bool) -> None:
-        ts, msg, tm, diff = self._cols
-        ts.append(row["timestamp"])
-        msg.append(row["message"])
-        tm.append(time)
-        # The row's own sign (an input's delete arrives as diff -1), negated when Pathway
-        # itself retracts the row.
-        diff.append(row["diff"] if is_addition else -row["diff"])
+        # One input version's rows (deltabus.etl.pipeline.unified_expression): each keeps
+        # its own sign (an input's delete arrives as diff -1), negated when Pathway itself
+        # retracts the batch.
+        rows: pa.Table = row["rows"].value
+        if rows.num_rows:
+            self._batches.append((rows, time, 1 if is_addition else -1))
         source, version = row["source"], row["version"]
         if version > self._seen.get(source, -1):
             self._seen[source] = version
@@ -103,10 +125,10 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     def on_time_end(self, time: int) -> None:
         if self._error is not None:
             if self.on_failure is not None:  # the ETL is stopping its sources already
-                self._cols = ([], [], [], [])
+                self._batches = []
                 return
             raise RuntimeError("Delta sink failed") from self._error
-        if not self._cols[0]:
+        if not self._batches:
             return
         now = _monotonic()
         seen = dict(self._seen)
@@ -115,8 +137,8 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
                 if version > self._delivered.get(source, -1):
                     self._last_arrival[source] = now
             self._delivered = seen
-            self._pending.append((self._cols, seen))
-        self._cols = ([], [], [], [])
+            self._pending.append((self._batches, seen))
+        self._batches = []
         self._wake.set()
 
     def on_end(self) -> None:
@@ -204,20 +226,25 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         The producer commits both inputs for the same window at about the same moment,
         but the ETL picks them up a few milliseconds apart. Committing the first alone
         would make the second wait for the next commit, so the sink lingers (at most
-        half an interval) until each input that delivered during the last two intervals
-        has delivered again; an input that went quiet stops being waited for. At 1000 ms
+        half an interval) until each input that delivered during the last two intervals,
+        and whose next batch is due within the linger, has delivered again; an input that
+        went quiet stops being waited for. At 1000 ms
         and 70k msg/s the second input's batch reaches the sink ~0.3 s after the first.
         """
         arrived = _monotonic()
         active_since = arrived - 2 * self.commit_interval
+        # An input is worth waiting for only if its next batch is due within the linger
+        # (one interval after its last): one that delivered moments ago, and whose rows
+        # went out in the previous commit, would keep this commit waiting for nothing.
+        due_by = arrived + self.linger - self.commit_interval
         while not self._closing:
             with self._lock:
                 delivered = self._pending[-1][1] if self._pending else {}
-                active = {s for s, t in self._last_arrival.items() if t >= active_since}
+                awaited = {s for s, t in self._last_arrival.items() if active_since <= t <= due_by}
             fresh = {s for s, v in delivered.items() if v > self.positions.get(s, -1)}
             now = _monotonic()
             until = now + self._token_wait()
-            if not active <= fresh:
+            if not awaited <= fresh:
                 until = max(until, arrived + self.linger)
             if now >= until:
                 return
@@ -225,15 +252,8 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             self._wake.clear()
 
     def _commit(self, pending: list) -> None:
-        columns: tuple[list, list, list, list] = ([], [], [], [])
-        for cols, _ in pending:
-            for acc, part in zip(columns, cols, strict=False):
-                acc.extend(part)
         positions = pending[-1][1]
-        table = pa.Table.from_arrays(
-            [pa.array(c, type=f.type) for c, f in zip(columns, UNIFIED_SCHEMA, strict=False)],
-            schema=UNIFIED_SCHEMA,
-        )
+        table = unified_table([batch for batches, _ in pending for batch in batches])
         seq = self.seq
         started = time.monotonic()
         info: dict[str, object] = {"etl.positions": positions, "etl.seq": seq}

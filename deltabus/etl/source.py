@@ -30,7 +30,6 @@ import pyarrow.compute as pc
 
 from deltabus.delta_protocol import concat, without_views
 from deltabus.errors import DeltabusError, StorageError
-from deltabus.etl.dates import pathway_columns
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.validate import split_valid
 from deltabus.lake import NOT_DELTA_GRACE_S, Lake
@@ -42,12 +41,22 @@ from deltabus.tail import Commit, DeltaLogTail
 log = logging.getLogger(__name__)
 
 
-class BatchSchema(pw.Schema):
-    """One Delta version of one input table."""
+# Plain Arrow string columns (not string views): cheaper to pickle and to cast.
+ARROW_COMPAT = pl.CompatLevel.oldest()
 
-    # (date's first 35 characters, its offset seconds, message, diff: +1 insert, -1
-    # retraction): the date as deltabus.etl.dates.pathway_columns splits it
-    rows: list[tuple[str, int, str, int]]
+
+class BatchSchema(pw.Schema):
+    """One Delta version of one input table: its accepted rows as one Pathway row.
+
+    `rows` wraps an Arrow table of `date` (canonical, deltabus.etl.dates), `message` and
+    `diff` (+1 insert, -1 retraction). A Pathway row per message cost 8-9 CPU-µs in the
+    engine here, more than everything else the ETL does per message together; a table
+    per version costs the engine one row and the transform one vectorised pass. Arrow
+    rather than Polars: Pathway pickles each wrapped value on its way into the engine,
+    and an Arrow table pickles about five times faster (0.08 against 0.4 µs a message).
+    """
+
+    rows: pw.PyObjectWrapper
     source: str
     version: int
 
@@ -284,17 +293,9 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                 # first, so `time` is now and not when the previous rows were sent.
                 self.commit()
             for version, part in groups:
-                local, offset_seconds = pathway_columns(part["date"].to_arrow())
+                rows = part.select("date", "message", diff=pl.col("_diff").cast(pl.Int64))
                 self.next(
-                    rows=list(
-                        zip(
-                            local,
-                            offset_seconds,
-                            part["message"].to_list(),
-                            part["_diff"].to_list(),
-                            strict=True,
-                        )
-                    ),
+                    rows=pw.wrap_py_object(rows.to_arrow(compat_level=ARROW_COMPAT)),
                     source=self.table,
                     version=int(version),
                 )
