@@ -54,10 +54,12 @@ def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int
             assert report["highest_keeping_up_rate"][run["backbone"]] == rate
         cost = run["cost"]
         assert cost["cpu_s_per_million_msgs"]["etl"] > 0, cost
-        machine = cost["machine"]  # busy and stolen by the hypervisor, % of all cores
+        machine = cost["machine"]  # busy, stolen, waiting for I/O: % of all cores
         assert 0 < machine["busy_pct_of_all_cores"] <= 100, machine
         assert 0 <= machine["steal_pct_of_all_cores"] <= machine["busy_pct_of_all_cores"]
-        assert machine["steal_pct_of_all_cores"] <= machine["steal_worst_second_pct"] + 1
+        for kind in ("steal", "iowait"):
+            assert 0 <= machine[f"{kind}_pct_of_all_cores"] <= 100, machine
+            assert machine[f"{kind}_pct_of_all_cores"] <= machine[f"{kind}_worst_second_pct"] + 1
         if run["backbone"] == "delta":  # MinIO's own request counters, by billing class
             assert cost["requests_per_s"]["GET"] > 0 and cost["requests_per_s"]["PUT"] > 0, cost
             assert cost["request_cost_usd_per_day"] > 0

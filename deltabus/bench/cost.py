@@ -111,7 +111,8 @@ def cost_summary(
         "cpu_s_per_million_msgs_total": round(sum(per_million.values()), 1),
         "cpu_cores_total": round(sum(components.values()) / 100, 2),
     }
-    # The whole machine: busy, and taken by the hypervisor (steal), on average and at worst.
+    # The whole machine: busy, stolen by the hypervisor and waiting for the disk (iowait),
+    # on average and in the worst second.
     machine = {k.removeprefix("machine_"): v for k, v in cpu_pct.items() if k.startswith("machine")}
     if machine:
         out["machine"] = machine

@@ -157,22 +157,28 @@ def machine_busy() -> tuple[float, float] | None:
     return total - idle, total
 
 
-def machine_steal_s() -> float:
-    """CPU seconds of all CPUs the hypervisor gave to other guests since boot (0 on bare
-    metal or where the kernel does not report it)."""
-    return float(getattr(psutil.cpu_times(), "steal", 0.0))
+# What the machine's CPUs did besides running processes, sampled every second: on a
+# virtual machine a stall that shows in every stage at once, the producer's included, is
+# the hypervisor running someone else (steal) or the disk not answering (I/O wait, e.g.
+# MinIO's synced writes), and the worst second says so where the run's average hides it.
+STALL_KINDS = ("steal", "iowait")
 
 
-class StealSampler:
-    """Steal time once a second, in a thread: on a virtual machine a stall that shows in
-    every stage at once, the producer's included, is often the hypervisor running someone
-    else, and its worst second says so where the run's average hides it."""
+def machine_stall_s() -> dict[str, float]:
+    """CPU seconds of all CPUs since boot spent stolen and waiting for I/O (0 where the
+    kernel does not report one)."""
+    times = psutil.cpu_times()
+    return {kind: float(getattr(times, kind, 0.0)) for kind in STALL_KINDS}
+
+
+class StallSampler:
+    """`machine_stall_s` once a second, in a thread: the worst second of each kind."""
 
     def __init__(self, every_s: float = 1.0) -> None:
         self.every_s = every_s
-        self.worst_pct = 0.0  # % of all cores stolen in the worst interval
+        self.worst_pct = dict.fromkeys(STALL_KINDS, 0.0)  # % of all cores, worst interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="steal-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="stall-sampler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -183,11 +189,13 @@ class StealSampler:
 
     def _run(self) -> None:
         cores = psutil.cpu_count() or 1
-        last_t, last = time.monotonic(), machine_steal_s()
+        last_t, last = time.monotonic(), machine_stall_s()
         while not self._stop.wait(self.every_s):
-            now_t, now = time.monotonic(), machine_steal_s()
-            pct = 100 * (now - last) / max(1e-9, (now_t - last_t) * cores)
-            self.worst_pct = max(self.worst_pct, pct)
+            now_t, now = time.monotonic(), machine_stall_s()
+            span = max(1e-9, (now_t - last_t) * cores)
+            for kind in STALL_KINDS:
+                pct = 100 * (now[kind] - last[kind]) / span
+                self.worst_pct[kind] = max(self.worst_pct[kind], pct)
             last_t, last = now_t, now
 
 
@@ -205,8 +213,8 @@ class CpuMeter:
         self._t0 = self._t1 = 0.0
         self._m0: tuple[float, float] | None = None
         self._m1: tuple[float, float] | None = None
-        self._steal0 = self._steal1 = 0.0
-        self._steal = StealSampler()
+        self._stall0 = self._stall1 = dict.fromkeys(STALL_KINDS, 0.0)
+        self._stalls = StallSampler()
 
     def watch(self, name: str, pid: int | None, tree: bool = False) -> None:
         if pid is None:
@@ -229,16 +237,16 @@ class CpuMeter:
     def start(self) -> None:
         self._t0 = time.monotonic()
         self._m0 = machine_busy()
-        self._steal0 = machine_steal_s()
-        self._steal.start()
+        self._stall0 = machine_stall_s()
+        self._stalls.start()
         for name, pid in self.pids.items():
             self._start[name] = self._cpu_s(name, pid) or 0.0
 
     def stop(self) -> None:
         self._t1 = time.monotonic()
         self._m1 = machine_busy()
-        self._steal1 = machine_steal_s()
-        self._steal.stop()
+        self._stall1 = machine_stall_s()
+        self._stalls.stop()
         for name in self.pids:
             self.sample(name)
 
@@ -252,7 +260,9 @@ class CpuMeter:
         if self._m0 and self._m1 and self._m1[1] > self._m0[1]:
             busy = (self._m1[0] - self._m0[0]) / (self._m1[1] - self._m0[1])
             out["machine_busy_pct_of_all_cores"] = round(100 * busy, 1)
-            stolen = (self._steal1 - self._steal0) / (self._m1[1] - self._m0[1])
-            out["machine_steal_pct_of_all_cores"] = round(100 * stolen, 1)
-            out["machine_steal_worst_second_pct"] = round(self._steal.worst_pct, 1)
+            for kind in STALL_KINDS:
+                part = (self._stall1[kind] - self._stall0[kind]) / (self._m1[1] - self._m0[1])
+                out[f"machine_{kind}_pct_of_all_cores"] = round(100 * part, 1)
+                worst = self._stalls.worst_pct[kind]
+                out[f"machine_{kind}_worst_second_pct"] = round(worst, 1)
         return out

@@ -57,8 +57,8 @@ def anchor(profile: str, rate: int) -> tuple[float, float, bool] | None:
     return ANCHORS.get(profile_key(profile), {}).get(rate)
 
 
-# Steal in the worst second above this (% of all cores) gets a note in the report.
-STEAL_NOTE_PCT = 10.0
+# Steal or I/O wait in the worst second above this (% of all cores) gets a report note.
+STALL_NOTE_PCT = 10.0
 
 
 def report_json(profile: str, machine: str, command: str, runs: list[dict]) -> dict[str, Any]:
@@ -365,16 +365,14 @@ def write_reports(
     notes = [n for d in details for n in d.get("notes", [])]
     if any(d["cpu"].get("machine_busy_pct_of_all_cores", 0) > 95 for d in details):
         notes.append("the machine was CPU-saturated during at least one run (see CPU lines)")
-    stolen = [
-        (d, d["cpu"]["machine_steal_worst_second_pct"])
-        for d in details
-        if d["cpu"].get("machine_steal_worst_second_pct", 0) >= STEAL_NOTE_PCT
-    ]
-    for d, worst in stolen:
-        notes.append(
-            f"{d['backbone']} at {d['rate']:,} msg/s: the hypervisor took {worst:g} % of the "
-            "CPUs in the worst second (steal); a stall in every stage at once may be that"
-        )
+    for d in details:
+        for kind, what in (("steal", "the hypervisor took"), ("iowait", "waiting for the disk:")):
+            worst = d["cpu"].get(f"machine_{kind}_worst_second_pct", 0)
+            if worst >= STALL_NOTE_PCT:
+                notes.append(
+                    f"{d['backbone']} at {d['rate']:,} msg/s: {what} {worst:g} % of the CPUs "
+                    f"in the worst second ({kind}); a stall in every stage at once may be that"
+                )
     report = report_json(cfg.profile, machine, cfg.command, runs)
     write_json(out / "report.json", report)
     (out / "report.md").write_text(

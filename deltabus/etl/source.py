@@ -3,11 +3,11 @@
 Each poll reads the next commit of the Delta log (deltabus.tail): one GET, which also
 says whether the version has landed; the rows it changed are read from its files
 (compaction commits change none). Every Delta version becomes ONE Pathway row holding
-the whole batch as a list of (date, offset seconds, message, diff); the pipeline
-flattens it in Rust.
-That keeps the per-row Python hop out of the hot path: Python touches a batch, not a
-message. A version's insertions and retractions (rows an input deleted or updated,
-diff -1) travel in that one row, so they reach the unified table in the same commit.
+its accepted rows as an Arrow table (date, message, diff; `BatchSchema`), which the
+transform converts in one vectorised pass. Neither Python nor the engine touches a
+single message. A version's insertions and retractions (rows an input deleted or
+updated, diff -1) travel in that one row, so they reach the unified table in the same
+commit.
 
 Inputs written by other Delta writers are read as the protocol says; a version the tail
 cannot read correctly (unsupported reader feature, rows deleted without change data)
