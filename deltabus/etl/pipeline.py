@@ -21,6 +21,7 @@ import pathway as pw
 
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError
+from deltabus.etl.dates import unify_chunk
 from deltabus.etl.fence import claim
 from deltabus.etl.positions import recorded_finished_runs, recorded_positions
 from deltabus.etl.rejects import RejectsWriter
@@ -93,15 +94,13 @@ class EtlReport:
 @pw.udf(deterministic=True)
 def _unify(rows: pw.PyObjectWrapper) -> pw.PyObjectWrapper:
     """One input version's rows in the unified contract (deltabus.etl.dates.unify_chunk)."""
-    from deltabus.etl.dates import unify_chunk
-
     return pw.wrap_py_object(unify_chunk(rows.value))
 
 
 def unified_expression(batches: pw.Table) -> pw.Table:
     """Parse every version batch's `date` into epoch milliseconds (UTC).
 
-    `rows` becomes a frame of `timestamp` (the double nearest to the date's epoch
+    `rows` becomes an Arrow table of `timestamp` (the double nearest to the date's epoch
     milliseconds), `message` and `diff` (-1 for a row an input lost: delete, update
     pre-image), which the sink writes with the batch's Pathway time as every row's `time`
     (the time a flattened row would carry: flattening keeps its batch's time). A batch is
