@@ -175,32 +175,24 @@ def own_minio(tmp_path: Path):
     server.stop()
 
 
-def test_storage_outage_mid_stream(own_minio: MinioServer, tmp_path: Path):
-    lake = Lake(minio_settings_for(own_minio, "outage"))
+def stream_through_an_etl(
+    own_minio: MinioServer, tmp_path: Path, run_id: str, count: int, rate: int, *etl_args: str
+) -> tuple[Lake, dict[str, str], subprocess.Popen[str], subprocess.Popen[str]]:
+    """A producer and an ETL process on a lake of `own_minio` (retry budget 120 s), once
+    the ETL has committed a few unified versions: the moment to take the storage away."""
+    lake = Lake(minio_settings_for(own_minio, run_id))
     lake.init_bucket()
     env = lake_env(lake) | {"DELTABUS_RETRY_MAX_WAIT_S": "120"}
     producer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deltabus",
-            "produce",
-            "--run-id",
-            "outage",
-            "--count",
-            "16000",
-            "--rate",
-            "2000",
-            "--commit-interval-ms",
-            "100",
-        ],
+        [sys.executable, "-m", "deltabus", "produce", "--run-id", run_id]
+        + ["--count", str(count), "--rate", str(rate), "--commit-interval-ms", "100"],
         env=env,
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
     )
     ready = tmp_path / "ready"
-    etl = etl_process(env, tmp_path, "--ready-file", str(ready))
+    etl = etl_process(env, tmp_path, *etl_args, "--ready-file", str(ready))
     try:
         wait_for_file(ready, etl)
         deadline = time.monotonic() + 60
@@ -209,6 +201,16 @@ def test_storage_outage_mid_stream(own_minio: MinioServer, tmp_path: Path):
         ):
             assert time.monotonic() < deadline
             time.sleep(0.1)
+    except BaseException:
+        producer.kill()
+        etl.kill()
+        raise
+    return lake, env, producer, etl
+
+
+def test_storage_outage_mid_stream(own_minio: MinioServer, tmp_path: Path):
+    lake, _, producer, etl = stream_through_an_etl(own_minio, tmp_path, "outage", 16_000, 2000)
+    try:
         own_minio.stop()
         time.sleep(10)
         own_minio.start()
@@ -410,27 +412,10 @@ def test_etl_stopped_during_an_outage_exits_promptly_and_loses_nothing(
 ):
     """SIGTERM while storage is down: the ETL stops within seconds, not after its retry
     budget, says why, and the next run delivers every message exactly once."""
-    lake = Lake(minio_settings_for(own_minio, "stop-outage"))
-    lake.init_bucket()
-    env = lake_env(lake) | {"DELTABUS_RETRY_MAX_WAIT_S": "120"}
-    producer = subprocess.Popen(
-        [sys.executable, "-m", "deltabus", "produce", "--run-id", "stop-outage"]
-        + ["--count", "6000", "--rate", "1000", "--commit-interval-ms", "100"],
-        env=env,
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-        text=True,
+    lake, env, producer, etl = stream_through_an_etl(
+        own_minio, tmp_path, "stop-outage", 6000, 1000, "--mode", "continuous"
     )
-    ready = tmp_path / "ready"
-    etl = etl_process(env, tmp_path, "--mode", "continuous", "--ready-file", str(ready))
     try:
-        wait_for_file(ready, etl)
-        deadline = time.monotonic() + 60
-        while not (
-            lake.exists("timezone_unified") and lake.open("timezone_unified").version() >= 3
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
         own_minio.stop()
         time.sleep(1.5)  # the ETL is retrying now
         etl.send_signal(signal.SIGTERM)
