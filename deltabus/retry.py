@@ -192,5 +192,8 @@ def retry_storage(
                 first_line,
                 delay,
             )
-            time.sleep(delay) if stopping else _pause(delay)
+            if stopping:
+                time.sleep(delay)  # the stop is set already: _pause would not wait at all
+            else:
+                _pause(delay)
             delay = min(max_delay if not stopping else 1.0, delay * 2)
