@@ -129,29 +129,36 @@ def build_batches(
     a seeded choice of time zone, then the partition of the message id's hash.
 
     `skip_below[table]` drops that table's messages with a smaller index: they were
-    committed before a restart.
+    committed before a restart. Dates and ids are formatted once per stream and then
+    split by partition, so a window costs the same whatever the partition count (a
+    filter and a format per table made 2 partitions cost 1.4x and 4 partitions 1.9x).
     """
     index = np.arange(lo, hi, dtype=np.int64)
     due_us = start_us + np.round(index * (1_000_000.0 / rate)).astype(np.int64)
     choice = table_choice(seed, index)
     part = partition_of(run_id, index, layout.partitions)
-    frame = pl.DataFrame({"i": index, "due": due_us, "choice": choice, "part": part}).with_columns(
-        pl.col("due").cast(pl.Datetime("us", "UTC")),
-        message=pl.lit(f"{run_id}-") + pl.col("i").cast(pl.String),
-    )
+    floors = skip_below or {}
     out = {}
     for n, stream in enumerate(INPUT_TABLES):
-        for p, table in enumerate(layout.inputs(stream)):
-            floor = (skip_below or {}).get(table, 0)
-            rows = frame.filter(
-                (pl.col("choice") == n) & (pl.col("part") == p) & (pl.col("i") >= floor)
-            ).select(
+        mine = choice == n
+        ids, parts = index[mine], part[mine]
+        rows = (
+            pl.DataFrame({"due": due_us[mine], "i": ids})
+            .select(
                 date=pl.col("due")
+                .cast(pl.Datetime("us", "UTC"))
                 .dt.convert_time_zone(TABLE_ZONES[stream])
                 .dt.strftime(DATE_FORMAT_POLARS),
-                message=pl.col("message"),
+                message=pl.lit(f"{run_id}-") + pl.col("i").cast(pl.String),
             )
-            out[table] = rows.to_arrow().cast(INPUT_SCHEMA)
+            .to_arrow()
+            .cast(INPUT_SCHEMA)
+        )
+        for p, table in enumerate(layout.inputs(stream)):
+            keep = ids >= floors.get(table, 0)
+            if layout.partitions > 1:
+                keep &= parts == p
+            out[table] = rows if keep.all() else rows.filter(pa.array(keep))
     return out
 
 
