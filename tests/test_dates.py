@@ -647,10 +647,10 @@ def test_producer_batches_take_the_arrow_path_with_the_same_result() -> None:
         with_diff,
         plain.cast(plain.schema.set(0, pa.field("date", pa.large_string()))),
     ):
-        fast = validate._producer_batch(batch)
+        fast = validate.producer_rows(batch)
         assert fast is not None
         valid, bad = validate._split_rows(batch)
-        assert bad.height == 0 and fast.equals(valid)
+        assert bad.height == 0 and pl.from_arrow(fast).equals(valid)
         assert validate.split_valid(batch)[0].equals(valid)
     messages = [f"m{i}" for i in range(n)]
     odd = {
@@ -674,7 +674,7 @@ def test_producer_batches_take_the_arrow_path_with_the_same_result() -> None:
         "no rows": plain.slice(0, 0),
     }
     for what, batch in odd.items():
-        assert validate._producer_batch(batch) is None, what
+        assert validate.producer_rows(batch) is None, what
         valid, bad = validate.split_valid(batch)
         rows_valid, rows_bad = validate._split_rows(batch)
         assert valid.equals(rows_valid) and bad.equals(rows_bad), what

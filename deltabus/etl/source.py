@@ -17,12 +17,14 @@ stops and the position stays before it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pathway as pw
 import polars as pl
 import pyarrow as pa
@@ -31,7 +33,7 @@ import pyarrow.compute as pc
 from deltabus.delta_protocol import concat, without_views
 from deltabus.errors import DeltabusError, StorageError
 from deltabus.etl.rejects import RejectsWriter
-from deltabus.etl.validate import split_valid
+from deltabus.etl.validate import producer_rows, split_rows, split_valid
 from deltabus.lake import NOT_DELTA_GRACE_S, Lake
 from deltabus.pacing import Pacer
 from deltabus.retry import retry_storage
@@ -231,10 +233,12 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             if info.get("version", -1) < version:
                 self._note_finished(info)
 
-    def _validate(self, batch: pa.Table) -> pl.DataFrame:
-        """The batch's valid rows; rejects of rows the input gained go to `rejects`.
+    def _validate(self, batch: pa.Table) -> pa.Table:
+        """The batch's valid rows (`date`, `message`, `_commit_version`, `_diff`, in
+        version order); rejects of rows the input gained go to `rejects`.
 
-        A retraction (diff -1) that is not valid takes back a row that was rejected when
+        A producer's appends are checked and kept in Arrow (`producer_rows`). A
+        retraction (diff -1) that is not valid takes back a row that was rejected when
         it was inserted (validation is the same both times: a schema change that alters
         how rows read re-reads them, deltabus.tail), so it has nothing to retract and is
         not rejected a second time.
@@ -258,11 +262,14 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
                         bad_retracted.height,
                     )
         else:
-            valid, bad = split_valid(batch)
+            fast = producer_rows(batch)
+            if fast is not None:
+                return fast
+            valid, bad = split_rows(batch)
         if bad.height:
             self.stats.rejected += bad.height
             self.rejects.write(self.table, bad)
-        return valid
+        return valid.to_arrow(compat_level=ARROW_COMPAT)
 
     def _emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
         """Validate the commits' rows and send one Pathway row per version."""
@@ -275,30 +282,16 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             self._note_finished(commit.info)
         self.stats.skipped_change_commits = tail.skipped_change_commits
         if parts:
-            batch = concat(parts)
-            valid = self._validate(batch)
-            self.stats.rows += valid.height
-            self.stats.retractions += int((valid["_diff"] < 0).sum())
-            if len(parts) == 1:  # one commit's rows, as at any steady rate: no grouping
-                groups = [(parts[0]["_commit_version"][0].as_py(), valid)] if valid.height else []
-            else:
-                groups = [
-                    (version, part)
-                    for (version,), part in valid.partition_by(
-                        "_commit_version", as_dict=True, maintain_order=True
-                    ).items()
-                ]
+            valid = self._validate(concat(parts))
+            self.stats.rows += valid.num_rows
+            self.stats.retractions += int(pc.sum(pc.less(valid["_diff"], 0)).as_py() or 0)
+            groups = list(by_version(valid))
             if groups and self.on_sent is not None:
                 # Rows take the Pathway time opened by their input's last commit: commit
                 # first, so `time` is now and not when the previous rows were sent.
                 self.commit()
-            for version, part in groups:
-                rows = part.select("date", "message", diff=pl.col("_diff").cast(pl.Int64))
-                self.next(
-                    rows=pw.wrap_py_object(rows.to_arrow(compat_level=ARROW_COMPAT)),
-                    source=self.table,
-                    version=int(version),
-                )
+            for version, rows in groups:
+                self.next(rows=pw.wrap_py_object(rows), source=self.table, version=version)
             if groups and self.on_sent is not None:
                 self.on_sent()
         self.stats.versions += len(commits)
@@ -309,3 +302,22 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         """Bounded mode: remember which producer runs marked themselves finished."""
         if meta(info, "producer.finished"):
             self.stats.finished_runs.add(str(meta(info, "producer.run_id")))
+
+
+def by_version(valid: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+    """(version, its rows as `BatchSchema.rows` holds them) for each version in `valid`,
+    whose rows are in version order.
+
+    Several versions are copied apart (`take`), not sliced: a pickled slice of an Arrow
+    table carries its parent's whole buffers, so slices would send a backlog's rows once
+    per version.
+    """
+    versions = valid.column("_commit_version").to_numpy()
+    rows = valid.select(["date", "message", "_diff"]).rename_columns(["date", "message", "diff"])
+    starts = [0, *(np.flatnonzero(np.diff(versions)) + 1).tolist(), len(versions)]
+    if len(starts) == 2:
+        if len(versions):
+            yield int(versions[0]), rows
+        return
+    for lo, hi in itertools.pairwise(starts):
+        yield int(versions[lo]), rows.take(np.arange(lo, hi))
