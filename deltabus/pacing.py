@@ -62,6 +62,8 @@ class Pacer:
         self._step = AIM_DOWN_S  # how much earlier the next hit at first look moves the aim
         self._settled = False  # a first look has missed since the aim was first taken
         self._missed = False  # a poll missed since the last hit
+        self._last_poll = time.monotonic()  # when the last poll that missed went out
+        self._late = False  # the pending poll goes out late: the tail was busy
         self._idle = True  # backing off: the time to the next hit says nothing of the gap
         self._delay = poll_interval
         # When the next poll is due, counted from the poll that set it (not from when the
@@ -82,7 +84,7 @@ class Pacer:
         timestamp (ms since the epoch) of the newest one, when its commit info has one."""
         now = time.monotonic()
         if versions == 0:
-            self._missed = True
+            self._missed, self._last_poll = True, now
             quiet = now - self._last_hit if self._last_hit is not None else None
             # A miss long after the expected commit means the writer paused: back off.
             if quiet is None or quiet > 2 * (self.gap or self.poll_interval) + self.poll_interval:
@@ -125,23 +127,32 @@ class Pacer:
     def _found_stamped(self, now: float, versions: int, commit_ms: float) -> None:
         """Aim the next poll at when the writer's next commit should land (module doc)."""
         wall = time.time()
-        if self._last_commit_ms is not None and not self._idle:
-            self._update_gap((commit_ms - self._last_commit_ms) / 1000 / versions)
+        if self._last_commit_ms is not None:
+            # The writer's own clock gives the gap, however our polls found the commits;
+            # only a gap measured across a pause (we had backed off) is not taken as the
+            # writer's pace. Taking none while backed off never learnt a gap above three
+            # poll intervals (1000 ms commits): every commit then cost ten misses.
+            gap = (commit_ms - self._last_commit_ms) / 1000 / versions
+            if not self._idle or self.gap is None or gap <= 2 * self.gap:
+                self._update_gap(gap)
         self._last_commit_ms = commit_ms
         if self.gap is None:  # one commit seen: nothing to aim at yet
             self._delay, self._aimed = self.poll_interval, False
             return
         if self.aim is None:
             self._step, self._settled = AIM_DOWN_S, False
-            # First aim: when we saw this one, less half a poll (it landed before we looked).
-            self.aim = wall - commit_ms / 1000 - self.poll_interval / 2
+            # First aim: when we saw this one, less half the time since the poll before
+            # (it landed in between; after backing off that can be far more than a poll).
+            since = now - self._last_poll if self._missed else self.poll_interval
+            self.aim = wall - commit_ms / 1000 - since / 2
         elif self._aimed and versions == 1 and self._missed:
             self.aim += AIM_UP_S
             self._step, self._settled = AIM_DOWN_S, True
-        elif self._aimed and versions == 1:
+        elif self._aimed and versions == 1 and not self._late:
             # Found at the first look: we may be late by any amount (the first aim was
             # taken while catching up, say), so each hit in a row moves twice as far,
-            # by at most a twentieth of the gap once a first look has missed.
+            # by at most a twentieth of the gap once a first look has missed. A look
+            # that went out late (the tail was busy with the rows before) says nothing.
             self.aim -= self._step
             self._step = min(2 * self._step, self.gap / (20 if self._settled else 2))
         due = commit_ms / 1000 + self.gap + self.aim  # the next commit's first poll
@@ -158,6 +169,7 @@ class Pacer:
                     return
             return
         deadline = self._due
+        self._late = time.monotonic() - deadline > self.poll_interval / 2
         while not self.stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

@@ -133,12 +133,19 @@ class FakeClock:
 
 
 def simulate_tail(
-    lake: Lake, monkeypatch: pytest.MonkeyPatch, *, stamped: bool, commits: int = 400
+    lake: Lake,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    stamped: bool,
+    commits: int = 400,
+    gap: float = 0.1,
+    work: float = 0.002,
 ) -> tuple[float, float]:
-    """A writer commits every 100 ms; each commit lands 10-30 ms after its timestamp, and
-    the writer's clock runs 2.5 s ahead of the tail's. The tail polls when its pacer says.
-    Returns (missed polls per commit, mean seconds from landing to being seen), both
-    measured after the first 50 commits."""
+    """A writer commits every `gap` s (100 ms); each commit lands 10-30 ms after its
+    timestamp, and the writer's clock runs 2.5 s ahead of the tail's. The tail polls when
+    its pacer says, and takes `work` s over each poll and what it found. Returns (missed
+    polls per commit, mean seconds from landing to being seen), both measured after the
+    first 50 commits."""
     import random
 
     import deltabus.pacing as pacing
@@ -148,12 +155,13 @@ def simulate_tail(
     rng = random.Random(7)
     skew = 2.5
     # Commit k: stamped by the writer's clock (ms), landing 10-30 ms later by the tail's.
-    stamps = [(clock.time() + skew + 0.1 * k) * 1000 for k in range(commits)]
-    lands = [clock.now + 0.1 * k + rng.uniform(0.01, 0.03) for k in range(commits)]
+    stamps = [(clock.time() + skew + gap * k) * 1000 for k in range(commits)]
+    lands = [clock.now + gap * k + rng.uniform(0.01, 0.03) for k in range(commits)]
     pacer = Pacer(lake, "t", 0.02, threading.Event())
     misses, pickup, nxt = 0, [], 0
     while nxt < commits:
         clock.now = max(clock.now, pacer._due)
+        pacer.wait()  # returns at once (the poll is due), noting whether it is late
         landed = 0
         while nxt + landed < commits and lands[nxt + landed] <= clock.now:
             landed += 1
@@ -165,7 +173,7 @@ def simulate_tail(
         else:
             misses += nxt >= 50
             pacer.found(0)
-        clock.now += 0.002  # the GET and the work on what it found
+        clock.now += work  # the GET and the work on what it found
     return misses / (commits - 50), sum(pickup) / len(pickup)
 
 
@@ -179,6 +187,54 @@ def test_stamped_commits_aim_the_first_poll_at_the_landing(
     assert stamped_misses < 0.45, stamped_misses
     assert plain_misses > 0.9, plain_misses
     assert stamped_pickup < 0.015, stamped_pickup  # seen within a poll interval of landing
+
+
+def test_a_tail_follows_one_second_commits_as_closely(
+    local_lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 1000 ms commits a tail that kept up from the first commit never learnt the
+    writer's gap (it backs off between commits, and gaps seen while backed off were not
+    taken): ten misses per commit, and commits seen up to a third of a second late. Also
+    when reading a commit takes longer than a poll interval (a busy tail's late looks
+    must not move its aim)."""
+    for work in (0.002, 0.15):
+        misses, pickup = simulate_tail(
+            local_lake, monkeypatch, stamped=True, commits=200, gap=1.0, work=work
+        )
+        assert misses < 0.6, (work, misses)
+        assert pickup < 0.03 + work, (work, pickup)
+
+
+def test_a_look_that_went_out_late_does_not_move_the_aim(
+    local_lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first look that finds its commit moves the aim earlier; one that went out late,
+    because the tail was busy with the rows before, must not: it found the commit only
+    because it looked late (the aim of a busy tail at 1000 ms dived 150 ms that way)."""
+    import deltabus.pacing as pacing
+
+    clock = FakeClock()
+    monkeypatch.setattr(pacing, "time", clock)
+    pacer = Pacer(local_lake, "t", 0.02, threading.Event())
+    start = clock.now
+
+    def stamp(k: int) -> float:  # the writer's timestamp of commit k, one a second
+        return (clock.time() - clock.now + start + k) * 1000
+
+    for k in range(4):  # each found on time, 15 ms after its timestamp
+        clock.now = start + k + 0.015
+        pacer.wait()
+        pacer.found(1, stamp(k))
+    aim = pacer.aim
+    assert aim is not None
+    clock.now = pacer._due + 0.3  # busy: the look goes out 300 ms after it was due
+    pacer.wait()
+    pacer.found(1, stamp(4))
+    assert pacer.aim == aim
+    clock.now = pacer._due  # on time, and the commit is there: the aim moves earlier
+    pacer.wait()
+    pacer.found(1, stamp(5))
+    assert pacer.aim is not None and pacer.aim < aim
 
 
 def test_a_tail_reads_on_only_when_the_next_commit_is_due(
