@@ -9,12 +9,15 @@ are:
 - otherwise it polls in step with the writer. Each commit carries its writer's timestamp,
   so the tail knows the writer's gap between commits (from the writer's clock, not from
   when its own polls happened to find them) and when the next commit is due to land: its
-  first poll for a commit aims there, and polls every `poll_interval` after a miss. The
-  aim learns from its outcome: a first poll that misses moves it later; one that finds
-  the commit moves it earlier, twice as far after each such hit in a row (the aim may be
-  late by any amount). It settles where about one first poll in four misses, whatever
-  the clock skew between writer and tail or the time a commit takes to land, so a tail
-  that keeps up costs about 1.3 GETs per commit (pacing by its own hits: 2.2).
+  first poll for a commit aims there; after a miss it polls every `poll_interval`,
+  further apart the longer the commit is late (up to a twentieth of the gap). The aim
+  learns from its outcome: a first poll that misses moves it later, one that finds the
+  commit earlier, each twice as far after each such outcome in a row (the aim may be
+  off by any amount), unless the poll itself went out late. It settles where about one
+  first poll in four misses, whatever the clock skew between writer and tail or the time
+  a commit takes to land, so a tail that keeps up costs about 1.3 GETs per commit
+  (pacing by its own hits: 2.2). The gap comes from the writer's timestamps however the
+  commits were found, except across a pause.
   Without timestamps it sleeps most of the gap measured between its own hits;
 - a table that has gone quiet is polled less and less often, up to `idle_poll` (the
   settings' `DELTABUS_IDLE_POLL_MS`), which bounds both the idle cost and how late the
@@ -37,10 +40,14 @@ WAIT_SLICE_S = 0.25
 GAP_WEIGHT = 0.2
 # Without writer timestamps, polls start this much of the gap early: commit times jitter.
 EARLY = 0.25
-# With them, a first poll that misses aims the next AIM_UP_S later; one that finds its
-# commit aims it AIM_DOWN_S earlier, twice that after two such hits in a row, and so on.
+# With them, a first poll that misses aims the next AIM_UP_S later, one that finds its
+# commit AIM_DOWN_S earlier; each twice as far after two such outcomes in a row, and so on.
 AIM_DOWN_S = 0.001
 AIM_UP_S = 0.008
+# After a miss the next polls come every poll interval, this much further apart each
+# time, up to this part of the gap.
+MISS_POLL_GROWTH = 1.5
+MISS_POLL_CAP = 0.05
 
 
 class Pacer:
@@ -60,9 +67,9 @@ class Pacer:
         self.aim: float | None = None
         self._aimed = False  # the pending poll was aimed at a predicted commit
         self._step = AIM_DOWN_S  # how much earlier the next hit at first look moves the aim
+        self._up = AIM_UP_S  # how much later the next miss at first look moves it
         self._settled = False  # a first look has missed since the aim was first taken
         self._missed = False  # a poll missed since the last hit
-        self._last_poll = time.monotonic()  # when the last poll that missed went out
         self._late = False  # the pending poll goes out late: the tail was busy
         self._idle = True  # backing off: the time to the next hit says nothing of the gap
         self._delay = poll_interval
@@ -84,14 +91,20 @@ class Pacer:
         timestamp (ms since the epoch) of the newest one, when its commit info has one."""
         now = time.monotonic()
         if versions == 0:
-            self._missed, self._last_poll = True, now
+            repeat = self._missed and not self._idle  # missed this commit before
+            self._missed = True
             quiet = now - self._last_hit if self._last_hit is not None else None
             # A miss long after the expected commit means the writer paused: back off.
             if quiet is None or quiet > 2 * (self.gap or self.poll_interval) + self.poll_interval:
                 self._idle, self._aimed = True, False
                 self._delay = min(self.idle_poll, max(self.poll_interval, self._delay * 1.5))
             else:
-                self._delay = self.poll_interval
+                # Polls after a miss: every poll interval, further apart the longer the
+                # commit is late, up to a twentieth of the gap (at 1000 ms commits a commit
+                # late by 300 ms cost 15 polls; at 100 ms this stays the poll interval).
+                cap = max(self.poll_interval, MISS_POLL_CAP * (self.gap or 0.0))
+                grown = self._delay * MISS_POLL_GROWTH if repeat else self.poll_interval
+                self._delay = min(cap, max(self.poll_interval, grown))
             self._due = now + self._delay
             return
         if commit_ms:
@@ -141,14 +154,19 @@ class Pacer:
             return
         if self.aim is None:
             self._step, self._settled = AIM_DOWN_S, False
-            # First aim: when we saw this one, less half the time since the poll before
-            # (it landed in between; after backing off that can be far more than a poll).
-            since = now - self._last_poll if self._missed else self.poll_interval
-            self.aim = wall - commit_ms / 1000 - since / 2
+            # First aim: when we saw this one, less half a poll (it landed before we looked).
+            # Late rather than early: a late aim comes down in a few commits (below).
+            self.aim = wall - commit_ms / 1000 - self.poll_interval / 2
         elif self._aimed and versions == 1 and self._missed:
-            self.aim += AIM_UP_S
+            # The first look missed: later by AIM_UP_S, twice as far after each such miss
+            # in a row, by at most a tenth of the gap. One late commit moves the aim
+            # little; an aim 0.9 s too early (start-up) is back in about a dozen commits
+            # at 1000 ms, where by AIM_UP_S each time it took over a hundred.
+            self.aim += self._up
+            self._up = min(2 * self._up, max(AIM_UP_S, self.gap / 10))
             self._step, self._settled = AIM_DOWN_S, True
         elif self._aimed and versions == 1 and not self._late:
+            self._up = AIM_UP_S
             # Found at the first look: we may be late by any amount (the first aim was
             # taken while catching up, say), so each hit in a row moves twice as far,
             # by at most a twentieth of the gap once a first look has missed. A look

@@ -140,9 +140,10 @@ def simulate_tail(
     commits: int = 400,
     gap: float = 0.1,
     work: float = 0.002,
+    landing: tuple[float, float] = (0.01, 0.03),
 ) -> tuple[float, float]:
-    """A writer commits every `gap` s (100 ms); each commit lands 10-30 ms after its
-    timestamp, and the writer's clock runs 2.5 s ahead of the tail's. The tail polls when
+    """A writer commits every `gap` s (100 ms); each commit lands `landing` s (10-30 ms)
+    after its timestamp, and the writer's clock runs 2.5 s ahead of the tail's. The tail polls when
     its pacer says, and takes `work` s over each poll and what it found. Returns (missed
     polls per commit, mean seconds from landing to being seen), both measured after the
     first 50 commits."""
@@ -156,7 +157,7 @@ def simulate_tail(
     skew = 2.5
     # Commit k: stamped by the writer's clock (ms), landing 10-30 ms later by the tail's.
     stamps = [(clock.time() + skew + gap * k) * 1000 for k in range(commits)]
-    lands = [clock.now + gap * k + rng.uniform(0.01, 0.03) for k in range(commits)]
+    lands = [clock.now + gap * k + rng.uniform(*landing) for k in range(commits)]
     pacer = Pacer(lake, "t", 0.02, threading.Event())
     misses, pickup, nxt = 0, [], 0
     while nxt < commits:
@@ -205,6 +206,21 @@ def test_a_tail_follows_one_second_commits_as_closely(
         assert pickup < 0.03 + work, (work, pickup)
 
 
+def test_a_late_commit_is_polled_for_less_and_less_often(
+    local_lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 1000 ms commits under load a commit can land anywhere in 10-400 ms after its
+    timestamp. Polling every 20 ms until it lands, with the aim moved 8 ms per commit
+    found late, cost 2.7 misses per commit in this simulation; polls further apart the
+    longer a commit is late, and an aim moved further for misses in a row, under 1.2,
+    each commit still seen within about 0.1 s of landing on average."""
+    misses, pickup = simulate_tail(
+        local_lake, monkeypatch, stamped=True, commits=300, gap=1.0, landing=(0.01, 0.4)
+    )
+    assert misses < 1.2, misses
+    assert pickup < 0.12, pickup
+
+
 def test_a_look_that_went_out_late_does_not_move_the_aim(
     local_lake: Lake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -235,6 +251,41 @@ def test_a_look_that_went_out_late_does_not_move_the_aim(
     pacer.wait()
     pacer.found(1, stamp(5))
     assert pacer.aim is not None and pacer.aim < aim
+
+
+def test_an_aim_far_too_early_comes_back_in_a_few_commits(
+    local_lake: Lake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An aim 0.9 s early (taken at start-up) makes every first look at 1000 ms commits
+    miss and polls every 20 ms until the commit lands: by AIM_UP_S a commit it took over
+    a hundred commits to come back. It must be back within fifteen."""
+    import deltabus.pacing as pacing
+
+    clock = FakeClock()
+    monkeypatch.setattr(pacing, "time", clock)
+    pacer = Pacer(local_lake, "t", 0.02, threading.Event())
+    start = clock.now
+
+    def lands(k: int) -> float:  # commit k: stamped at start + k, landed 20 ms later
+        return start + k + 0.02
+
+    misses = []
+    for k in range(30):
+        missed = 0
+        while True:
+            clock.now = max(clock.now, pacer._due)
+            pacer.wait()
+            if clock.now >= lands(k):
+                pacer.found(1, (clock.time() - clock.now + start + k) * 1000)
+                break
+            missed += 1
+            pacer.found(0)
+            clock.now += 0.002
+        misses.append(missed)
+        if k == 3:
+            pacer.aim = -0.9
+    assert sum(misses[4:]) > 20  # it did start far too early
+    assert max(misses[19:]) <= 1, misses
 
 
 def test_a_tail_reads_on_only_when_the_next_commit_is_due(
