@@ -166,11 +166,11 @@ class Pacer:
             self._up = min(2 * self._up, max(AIM_UP_S, self.gap / 10))
             self._step, self._settled = AIM_DOWN_S, True
         elif self._aimed and versions == 1 and not self._late:
-            self._up = AIM_UP_S
             # Found at the first look: we may be late by any amount (the first aim was
             # taken while catching up, say), so each hit in a row moves twice as far,
             # by at most a twentieth of the gap once a first look has missed. A look
             # that went out late (the tail was busy with the rows before) says nothing.
+            self._up = AIM_UP_S
             self.aim -= self._step
             self._step = min(2 * self._step, self.gap / (20 if self._settled else 2))
         due = commit_ms / 1000 + self.gap + self.aim  # the next commit's first poll

@@ -129,7 +129,12 @@ class FakeClock:
         return self.now
 
     def time(self) -> float:
-        return 1_700_000_000.0 + self.now
+        return self.wall(self.now)
+
+    @staticmethod
+    def wall(monotonic: float) -> float:
+        """The wall-clock time at simulated monotonic time `monotonic`."""
+        return 1_700_000_000.0 + monotonic
 
 
 def simulate_tail(
@@ -235,7 +240,7 @@ def test_a_look_that_went_out_late_does_not_move_the_aim(
     start = clock.now
 
     def stamp(k: int) -> float:  # the writer's timestamp of commit k, one a second
-        return (clock.time() - clock.now + start + k) * 1000
+        return clock.wall(start + k) * 1000
 
     for k in range(4):  # each found on time, 15 ms after its timestamp
         clock.now = start + k + 0.015
@@ -276,7 +281,7 @@ def test_an_aim_far_too_early_comes_back_in_a_few_commits(
             clock.now = max(clock.now, pacer._due)
             pacer.wait()
             if clock.now >= lands(k):
-                pacer.found(1, (clock.time() - clock.now + start + k) * 1000)
+                pacer.found(1, clock.wall(start + k) * 1000)
                 break
             missed += 1
             pacer.found(0)
