@@ -31,7 +31,6 @@ from typing import Any
 
 import obstore
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from deltabus.checkpoint_state import (
     DEFAULT_LOG_RETENTION,
@@ -44,6 +43,7 @@ from deltabus.checkpoint_state import (
     unsupported,
 )
 from deltabus.lake import Lake
+from deltabus.parquet_io import parquet_buffer
 
 __all__ = ["Actions", "CheckpointWriter", "Unsupported", "Written"]
 
@@ -227,9 +227,7 @@ def checkpoint_table(state: TableState) -> tuple[pa.Table, int]:
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="snappy")
-    return sink.getvalue().to_pybytes()
+    return parquet_buffer(table).to_pybytes()
 
 
 # -- log cleanup ---------------------------------------------------------------------------

@@ -39,7 +39,6 @@ from typing import Any
 import obstore
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
@@ -47,6 +46,7 @@ from deltabus import __version__
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.delta_protocol import parse_actions
 from deltabus.lake import Lake
+from deltabus.parquet_io import parquet_buffer
 from deltabus.retry import retry_storage
 from deltabus.tables import append_once as delta_rs_append_once
 
@@ -214,9 +214,7 @@ class TableAppender:
     # -- writing ------------------------------------------------------------------------
 
     def _put_data(self, data: pa.Table) -> dict[str, Any]:
-        sink = pa.BufferOutputStream()
-        pq.write_table(data, sink, compression="snappy")
-        body = sink.getvalue()
+        body = parquet_buffer(data)
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         obstore.put(self.store, f"{self.table}/{name}", body.to_pybytes(), mode="create")
         return {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
@@ -14,6 +15,7 @@ from deltalake.exceptions import DeltaError
 from deltabus.duck import lake_connection
 from deltabus.fast_append import TableAppender, eligible
 from deltabus.lake import Lake
+from deltabus.parquet_io import DICTIONARY_PAGE_LIMIT, parquet_buffer
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table, meta, metadata
 from tests.helpers import unified_rows as rows
 
@@ -98,6 +100,21 @@ def test_constrained_tables_are_appended_by_delta_rs(lake: Lake):
     assert not appender.fast and "constraint" in (appender.reason or "")
     assert append(appender, 1, rows(5, 1))
     assert lake.open("checked").to_pyarrow_table().num_rows == 3
+
+
+def test_data_files_keep_dictionaries_only_where_they_pay():
+    """Unique columns (message ids) give up on a dictionary early instead of building a
+    large one; a column of few values (`diff`) stays dictionary-encoded."""
+    n = 20_000
+    table = pa.table(
+        {"message": [f"run-{i}" for i in range(n)], "diff": pa.array([1] * n, pa.int64())}
+    )
+    chunks = pq.ParquetFile(pa.BufferReader(parquet_buffer(table))).metadata.row_group(0)
+    message, diff = chunks.column(0), chunks.column(1)
+    # The dictionary page sits between its offset and the first data page's.
+    assert message.data_page_offset - message.dictionary_page_offset < 2 * DICTIONARY_PAGE_LIMIT
+    assert diff.has_dictionary_page and diff.total_compressed_size < 1_000
+    assert pq.read_table(pa.BufferReader(parquet_buffer(table))).equals(table)
 
 
 def test_eligibility_reads_the_protocol():
