@@ -109,12 +109,13 @@ def test_data_files_keep_dictionaries_only_where_they_pay():
     table = pa.table(
         {"message": [f"run-{i}" for i in range(n)], "diff": pa.array([1] * n, pa.int64())}
     )
-    chunks = pq.ParquetFile(pa.BufferReader(parquet_buffer(table))).metadata.row_group(0)
+    written = parquet_buffer(table)
+    chunks = pq.ParquetFile(pa.BufferReader(written)).metadata.row_group(0)
     message, diff = chunks.column(0), chunks.column(1)
     # The dictionary page sits between its offset and the first data page's.
     assert message.data_page_offset - message.dictionary_page_offset < 2 * DICTIONARY_PAGE_LIMIT
     assert diff.has_dictionary_page and diff.total_compressed_size < 1_000
-    assert pq.read_table(pa.BufferReader(parquet_buffer(table))).equals(table)
+    assert pq.read_table(pa.BufferReader(written)).equals(table)
 
 
 def test_eligibility_reads_the_protocol():
