@@ -1,0 +1,156 @@
+"""What the object store alone spends on the commits of P partitions, with nothing else running.
+
+Every table commit needs four requests, whatever deltabus does around them: the writer's
+PUT of the data file and PUT-if-absent of the log entry, and one reader's GET of each.
+Per partition and commit interval there are three table commits (two input tables and
+one unified table). This replays exactly those requests, with data files of the size a
+given rate fills, against a throwaway local MinIO, and reports the CPU the MinIO process
+used: the floor under the cost of a partition, since no client change can remove a
+request a commit needs. Layouts are alternated, so a slow minute hits each of them.
+
+    python -m deltabus.bench.store_cost [--partitions 1,2] [--rate 150000]
+        [--interval-ms 100] [--seconds 30] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import obstore
+import psutil
+from obstore.store import ObjectStore
+
+# Bytes per message of the data files as deltabus writes them (Snappy, dictionaries only
+# where they pay; docs/design.md): 1.23 MB per 125k input rows, 1.89 MB per 125k unified.
+INPUT_BYTES_PER_ROW = 9.8
+UNIFIED_BYTES_PER_ROW = 15.1
+# A producer's log entry: commitInfo, an app transaction and one add with its stats.
+LOG_ENTRY_BYTES = 1400
+REQUESTS_PER_COMMIT = 4
+
+
+@dataclass(frozen=True)
+class StoreCost:
+    """The store's CPU for one layout over one measured window."""
+
+    partitions: int
+    rate: float
+    commits: int
+    requests: int
+    seconds: float
+    cpu_s: float
+
+    @property
+    def cores(self) -> float:
+        return self.cpu_s / self.seconds
+
+    @property
+    def cpu_s_per_million_msgs(self) -> float:
+        return self.cpu_s / (self.rate * self.seconds) * 1e6
+
+    @property
+    def ms_per_request(self) -> float:
+        return self.cpu_s / self.requests * 1e3
+
+
+def _commit(store: ObjectStore, table: str, data: bytes, log_entry: bytes, v: int) -> None:
+    """The four requests of one table commit: write the data and claim the version, read both."""
+    data_key = f"{table}/part-{v:05d}.parquet"
+    log_key = f"{table}/_delta_log/{v:020d}.json"
+    obstore.put(store, data_key, data)
+    obstore.put(store, log_key, log_entry, mode="create")
+    obstore.get(store, log_key).bytes()
+    obstore.get(store, data_key).bytes()
+
+
+def measure(
+    store: ObjectStore,
+    store_pid: int,
+    partitions: int,
+    rate: float,
+    interval_s: float,
+    seconds: float,
+) -> StoreCost:
+    """Commit every table of `partitions` partitions once per interval (concurrently, as the
+    producer's and the ETL's commit threads do) for `seconds`, and account the store's CPU."""
+    run = uuid.uuid4().hex[:8]
+    per_input = rate / 2 / partitions * interval_s  # messages in one input-table commit
+    input_data = os.urandom(max(1, int(per_input * INPUT_BYTES_PER_ROW)))
+    unified_data = os.urandom(max(1, int(2 * per_input * UNIFIED_BYTES_PER_ROW)))
+    log_entry = b"{" + b"x" * (LOG_ENTRY_BYTES - 2) + b"}"
+    tables = [(f"{run}/timezone{s}-p{p}", input_data) for s in (1, 2) for p in range(partitions)]
+    tables += [(f"{run}/timezone_unified-p{p}", unified_data) for p in range(partitions)]
+    intervals = max(1, round(seconds / interval_s))
+    store_proc = psutil.Process(store_pid)
+    with ThreadPoolExecutor(max_workers=len(tables)) as pool:
+        before, start = store_proc.cpu_times(), time.monotonic()
+        for v in range(intervals):
+            delay = start + v * interval_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            futures = [pool.submit(_commit, store, t, d, log_entry, v) for t, d in tables]
+            for f in futures:
+                f.result()
+        elapsed, after = time.monotonic() - start, store_proc.cpu_times()
+    cpu = (after.user - before.user) + (after.system - before.system)
+    commits = intervals * len(tables)
+    return StoreCost(partitions, rate, commits, commits * REQUESTS_PER_COMMIT, elapsed, cpu)
+
+
+def _partition_counts(text: str) -> list[int]:
+    try:
+        counts = [int(p) for p in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected partition counts like 1,2 (got {text!r})")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Starts its own MinIO on a free loopback port (built once with `make minio-bin`).",
+    )
+    parser.add_argument(
+        "--partitions", type=_partition_counts, default=[1, 2], help="layouts, e.g. 1,2"
+    )
+    parser.add_argument("--rate", type=float, default=150_000, help="messages/s in all")
+    parser.add_argument("--interval-ms", type=int, default=100, help="commit interval")
+    parser.add_argument("--seconds", type=float, default=30, help="measured window per run")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the layouts")
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.interval_ms <= 0 or args.seconds <= 0 or args.repeats < 1:
+        parser.error("--rate, --interval-ms and --seconds must be positive, --repeats at least 1")
+
+    from deltabus.bench.environment import throwaway_minio
+    from deltabus.lake import Lake
+
+    with throwaway_minio(bucket="deltabus-store-cost") as (settings, pids):
+        store = Lake(settings).object_store
+        time.sleep(2)  # let MinIO's start-up work settle before the first window
+        base: dict[int, float] = {}
+        for r in range(args.repeats):
+            for p in args.partitions:
+                c = measure(
+                    store, pids["minio"], p, args.rate, args.interval_ms / 1e3, args.seconds
+                )
+                base.setdefault(r, c.cpu_s_per_million_msgs)
+                over = c.cpu_s_per_million_msgs / base[r] - 1
+                print(
+                    f"round {r + 1}, P={p}: {c.requests / c.seconds:.0f} requests/s, "
+                    f"MinIO {c.cores:.3f} cores, {c.cpu_s_per_million_msgs:.2f} CPU-s per M msgs "
+                    f"({over:+.0%} over P={args.partitions[0]}), "
+                    f"{c.ms_per_request:.2f} CPU-ms per request",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
