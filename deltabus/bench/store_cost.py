@@ -23,8 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import obstore
-import psutil
 from obstore.store import ObjectStore
+
+from deltabus.bench.environment import process_cpu_s, throwaway_minio
+from deltabus.lake import Lake
+from deltabus.partitions import MAX_PARTITIONS, Layout
 
 # Bytes per message of the data files as deltabus writes them (Snappy, dictionaries only
 # where they pay; docs/design.md): 1.23 MB per 125k input rows, 1.89 MB per 125k unified.
@@ -84,12 +87,12 @@ def measure(
     input_data = os.urandom(max(1, int(per_input * INPUT_BYTES_PER_ROW)))
     unified_data = os.urandom(max(1, int(2 * per_input * UNIFIED_BYTES_PER_ROW)))
     log_entry = b"{" + b"x" * (LOG_ENTRY_BYTES - 2) + b"}"
-    tables = [(f"{run}/timezone{s}-p{p}", input_data) for s in (1, 2) for p in range(partitions)]
-    tables += [(f"{run}/timezone_unified-p{p}", unified_data) for p in range(partitions)]
+    layout = Layout(partitions)
+    tables = [(f"{run}/{t}", input_data) for t in layout.input_tables]
+    tables += [(f"{run}/{t}", unified_data) for t in layout.unified_tables]
     intervals = max(1, round(seconds / interval_s))
-    store_proc = psutil.Process(store_pid)
     with ThreadPoolExecutor(max_workers=len(tables)) as pool:
-        before, start = store_proc.cpu_times(), time.monotonic()
+        before, start = process_cpu_s(store_pid), time.monotonic()
         for v in range(intervals):
             delay = start + v * interval_s - time.monotonic()
             if delay > 0:
@@ -97,8 +100,10 @@ def measure(
             futures = [pool.submit(_commit, store, t, d, log_entry, v) for t, d in tables]
             for f in futures:
                 f.result()
-        elapsed, after = time.monotonic() - start, store_proc.cpu_times()
-    cpu = (after.user - before.user) + (after.system - before.system)
+        elapsed, after = time.monotonic() - start, process_cpu_s(store_pid)
+    if before is None or after is None:
+        raise RuntimeError(f"the object store's process {store_pid} is gone")
+    cpu = after - before
     commits = intervals * len(tables)
     return StoreCost(partitions, rate, commits, commits * REQUESTS_PER_COMMIT, elapsed, cpu)
 
@@ -108,8 +113,10 @@ def _partition_counts(text: str) -> list[int]:
         counts = [int(p) for p in text.split(",")]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"expected partition counts like 1,2 (got {text!r})")
+    if not counts or min(counts) < 1 or max(counts) > MAX_PARTITIONS:
+        raise argparse.ArgumentTypeError(
+            f"expected partition counts like 1,2 (got {text!r}); each is 1..{MAX_PARTITIONS}"
+        )
     return counts
 
 
@@ -128,9 +135,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.interval_ms <= 0 or args.seconds <= 0 or args.repeats < 1:
         parser.error("--rate, --interval-ms and --seconds must be positive, --repeats at least 1")
-
-    from deltabus.bench.environment import throwaway_minio
-    from deltabus.lake import Lake
 
     with throwaway_minio(bucket="deltabus-store-cost") as (settings, pids):
         store = Lake(settings).object_store
