@@ -2,8 +2,21 @@
 
 One Delta log takes a few dozen commits a second; a stream that needs more is split, as a
 Kafka topic is, into P partitions, each its own table with its own log:
-`timezone1-p0` … `timezone1-p{P-1}`. The producer puts a message in partition
-hash(message id) mod P of its stream. The unified output is partitioned the same way:
+`timezone1-p0` … `timezone1-p{P-1}`. The producer's message ids are numbered, and a
+lake's partitioner (recorded with P) maps the number to a partition, the same on every
+machine and every restart:
+
+- `sticky` (new lakes): a commit window's messages go to one partition, the next window's
+  to the next, round robin; a window of more than MAX_CHUNK messages is cut into equal
+  chunks that go on round robin. Like Kafka's sticky partitioner, it keeps the number of
+  commits what one partition would make: at 100 ms, hash placement gave every partition a
+  commit every window, and each table commit costs about 8-12 ms of CPU across the
+  producer, the store, the ETL and its readers whatever its size, which made P = 2 cost
+  30-45 % more per message than P = 1 at the same rate. At high rates the chunks spread
+  every window over the partitions as a hash does.
+- `hash` (lakes recorded before `sticky`): a 64-bit mix of the run and the message number.
+
+The unified output is partitioned the same way:
 `timezone_unified-p{i}` is written from partition i of both inputs, by exactly one ETL
 (its fence and its input positions are that table's own), so ETL processes split the
 work by partition with no coordination, like consumers of a consumer group.
@@ -32,6 +45,10 @@ log = logging.getLogger(__name__)
 
 LAYOUT_KEY = "_deltabus/layout.json"
 MAX_PARTITIONS = 64
+PARTITIONERS = ("sticky", "hash")
+# The most messages a partition takes from one commit window before the next partition
+# takes the rest (Kafka's batch.size, in messages): bounds the burst one ETL process gets.
+MAX_CHUNK = 65_536
 
 
 def partition_table(stream: str, partition: int, partitions: int) -> str:
@@ -44,10 +61,15 @@ class Layout:
     """How many partitions the lake's streams have, and the tables that follow from it."""
 
     partitions: int = 1
+    partitioner: str = "sticky"
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(f"partitions must be 1..{MAX_PARTITIONS}, got {self.partitions}")
+        if self.partitioner not in PARTITIONERS:
+            raise ConfigError(
+                f"unknown partitioner {self.partitioner!r}: one of {', '.join(PARTITIONERS)}"
+            )
 
     def inputs(self, stream: str) -> list[str]:
         return [partition_table(stream, i, self.partitions) for i in range(self.partitions)]
@@ -89,11 +111,24 @@ class Layout:
 SINGLE = Layout(1)  # the original layout: one table per stream
 
 
-def partition_of(run_id: str, index: np.ndarray, partitions: int) -> np.ndarray:
-    """Partition of messages `<run_id>-<index>`: a hash of the message id (its run and its
-    number), the same on every machine and every restart, spread evenly."""
-    if partitions == 1:
+def partition_of(run_id: str, index: np.ndarray, layout: Layout, window: int) -> np.ndarray:
+    """Partition of messages `<run_id>-<index>` (module docstring): a function of the run,
+    the message number and the run's commit window (messages per commit), nothing else, so
+    a resumed run puts every message where it went before."""
+    if layout.partitions == 1:
         return np.zeros(len(index), dtype=np.int64)
+    if layout.partitioner == "hash":
+        return _hash_partition(run_id, index, layout.partitions)
+    if window < 1:
+        raise ValueError(f"a commit window has at least one message, got {window}")
+    k = -(-window // MAX_CHUNK)  # chunks per window
+    chunk = (index // window) * k + (index % window) * k // window
+    offset = _fnv1a(run_id.encode()) % layout.partitions  # runs start on different partitions
+    return ((chunk + offset) % layout.partitions).astype(np.int64)
+
+
+def _hash_partition(run_id: str, index: np.ndarray, partitions: int) -> np.ndarray:
+    """The `hash` partitioner: a 64-bit mix of the run id's FNV-1a and the number."""
     run_key = np.uint64(_fnv1a(run_id.encode()))
     with np.errstate(over="ignore"):
         z = index.astype(np.uint64) ^ run_key
@@ -130,7 +165,13 @@ def ensure_layout(lake: Lake, partitions: int | None) -> Layout:
         return wanted
     if any(lake.exists(t) for t in (*INPUT_TABLES, UNIFIED_TABLE)):
         raise _refused(lake, 1, wanted.partitions)  # the original layout, unrecorded
-    body = json.dumps({"partitions": wanted.partitions, "streams": list(INPUT_TABLES)})
+    body = json.dumps(
+        {
+            "partitions": wanted.partitions,
+            "partitioner": wanted.partitioner,
+            "streams": list(INPUT_TABLES),
+        }
+    )
     try:
         retry_storage(
             lambda: obstore.put(lake.object_store, LAYOUT_KEY, body.encode(), mode="create"),
@@ -149,8 +190,10 @@ def ensure_layout(lake: Lake, partitions: int | None) -> Layout:
 
 def _parse(lake: Lake, raw: bytes) -> Layout:
     try:
-        return Layout(int(json.loads(raw)["partitions"]))
-    except (ValueError, KeyError, TypeError) as exc:
+        record = json.loads(raw)
+        # Lakes recorded before the sticky partitioner have no field: they hash.
+        return Layout(int(record["partitions"]), record.get("partitioner", "hash"))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(
             f"{lake.root}/{LAYOUT_KEY} is not a deltabus layout record ({exc})",
             "restore it, or point DELTABUS_PREFIX at another lake",

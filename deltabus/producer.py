@@ -78,6 +78,12 @@ class ProducerConfig:
     def app_id(self) -> str:
         return f"deltabus-producer:{self.run_id}"
 
+    @property
+    def window(self) -> int:
+        """Messages per commit window: whole, so windows (and the sticky partitioner's
+        chunks, which follow them) start at the same message numbers on every restart."""
+        return max(1, round(self.rate * self.commit_interval))
+
 
 @dataclass
 class ProducerReport:
@@ -124,9 +130,11 @@ def build_batches(
     hi: int,
     skip_below: dict[str, int] | None = None,
     layout: Layout = SINGLE,
+    window: int = 1,
 ) -> dict[str, pa.Table]:
     """Messages [lo, hi) as one Arrow table per input table (vectorised, no row loop):
-    a seeded choice of time zone, then the partition of the message id's hash.
+    a seeded choice of time zone, then the partition of the message id (its number and
+    the run's commit `window`, deltabus.partitions).
 
     `skip_below[table]` drops that table's messages with a smaller index: they were
     committed before a restart. Dates and ids are formatted once per stream and then
@@ -136,7 +144,7 @@ def build_batches(
     index = np.arange(lo, hi, dtype=np.int64)
     due_us = start_us + np.round(index * (1_000_000.0 / rate)).astype(np.int64)
     choice = table_choice(seed, index)
-    part = partition_of(run_id, index, layout.partitions)
+    part = partition_of(run_id, index, layout, window)
     floors = skip_below or {}
     out = {}
     for n, stream in enumerate(INPUT_TABLES):
@@ -222,6 +230,7 @@ class Producer:
                 next_index[name], next_seq[name] = 0, 0
                 continue
             next_seq[name] = seq + 1
+            self._check_window(name, dt.transaction_version(f"{self.config.app_id}:window"))
             index = dt.transaction_version(f"{self.config.app_id}:next_index")
             start = dt.transaction_version(f"{self.config.app_id}:start_us")
             if index is not None and start is not None:
@@ -235,6 +244,20 @@ class Producer:
             next_index[name] = int(meta(info, "producer.next_index"))
             start_us = int(meta(info, "producer.start_us"))
         return next_index, next_seq, start_us
+
+    def _check_window(self, name: str, recorded: int | None) -> None:
+        """A resumed partitioned run keeps its commit window: the partition of every
+        message it has still to write depends on it (deltabus.partitions)."""
+        sticky = self.layout.partitions > 1 and self.layout.partitioner == "sticky"
+        if not sticky or recorded is None or recorded == self.config.window:
+            return
+        raise ConfigError(
+            f"run {self.config.run_id} was written to {name} with {recorded} messages per "
+            f"commit window, and this resume would use {self.config.window} (--rate x "
+            "--commit-interval-ms): its remaining messages would land in other partitions",
+            "resume the run with the rate and commit interval it started with, or start a new "
+            "run id",
+        )
 
     def _commit(
         self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
@@ -272,6 +295,7 @@ class Producer:
             markers={
                 f"{self.config.app_id}:next_index": hi,
                 f"{self.config.app_id}:start_us": start_us,
+                f"{self.config.app_id}:window": self.config.window,
             },
         )
 
@@ -333,12 +357,12 @@ class Producer:
         tables = self.layout.input_tables
         stats = _Progress(tables)
         last_progress = time.monotonic()
-        per_window = cfg.rate * cfg.commit_interval
+        per_window = cfg.window
         in_flight: dict[str, deque[Future]] = {name: deque() for name in tables}
         while not finished:
             # The next window closes when its last message comes due (open loop).
-            window = math.floor(lo / per_window) + 1
-            hi = min(cfg.total, math.ceil(window * per_window))
+            window = lo // per_window + 1
+            hi = min(cfg.total, window * per_window)
             due = start + hi / cfg.rate if hi < cfg.total else start + (cfg.total) / cfg.rate
             delay = due - time.time()
             if delay > 0:
@@ -356,6 +380,7 @@ class Producer:
                 hi,
                 skip_below=next_index,
                 layout=self.layout,
+                window=per_window,
             )
             window_due = start + hi / cfg.rate
             for name in tables:

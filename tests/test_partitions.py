@@ -11,25 +11,46 @@ import time
 from pathlib import Path
 
 import numpy as np
+import obstore
 import pytest
 
 from deltabus.errors import ConfigError
 from deltabus.lake import Lake
-from deltabus.partitions import Layout, ensure_layout, partition_of, read_layout
+from deltabus.partitions import LAYOUT_KEY, Layout, ensure_layout, partition_of, read_layout
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.results import export_results
 from tests.conftest import lake_env
 from tests.helpers import assert_exactly_once, etl_process, read_table, wait_for_file
 
 
-def test_message_ids_spread_evenly_and_always_alike():
-    index = np.arange(40_000)
-    parts = partition_of("run7", index, 4)
-    assert np.array_equal(parts, partition_of("run7", index, 4))  # deterministic
+def test_the_hash_partitioner_spreads_evenly_and_always_alike():
+    index, hashed = np.arange(40_000), Layout(4, "hash")
+    parts = partition_of("run7", index, hashed, 1000)
+    assert np.array_equal(parts, partition_of("run7", index, hashed, 1000))  # deterministic
+    assert np.array_equal(parts, partition_of("run7", index, hashed, 7))  # windows play no part
     counts = np.bincount(parts, minlength=4)
     assert counts.min() > 9_500 and counts.max() < 10_500, counts
-    assert not np.array_equal(parts, partition_of("run8", index, 4))  # the run is in the key
-    assert (partition_of("run7", index, 1) == 0).all()
+    assert not np.array_equal(parts, partition_of("run8", index, hashed, 1000))  # run in key
+    assert (partition_of("run7", index, Layout(1), 1000) == 0).all()
+
+
+def test_the_sticky_partitioner_gives_each_window_to_one_partition_in_turn():
+    index, four = np.arange(40_000), Layout(4)
+    parts = partition_of("run7", index, four, 1000)
+    assert np.array_equal(parts, partition_of("run7", index, four, 1000))  # deterministic
+    by_window = parts.reshape(40, 1000)
+    assert (by_window == by_window[:, :1]).all()  # a window's messages share a partition
+    first = by_window[:, 0]
+    assert ((np.diff(first) % 4) == 1).all()  # the next window takes the next partition
+    assert np.bincount(parts, minlength=4).tolist() == [10_000] * 4
+    starts = {int(partition_of(f"run{i}", index[:1], four, 1000)[0]) for i in range(20)}
+    assert len(starts) > 1  # runs start on different partitions
+    # A window over MAX_CHUNK messages is cut into equal chunks that go on in turn.
+    big = partition_of("run7", np.arange(2 * 200_000), four, 200_000)
+    chunks = big.reshape(8, 50_000)
+    assert (chunks == chunks[:, :1]).all()
+    assert sorted(chunks[:4, 0].tolist()) == [0, 1, 2, 3]
+    assert np.bincount(big, minlength=4).tolist() == [100_000] * 4
 
 
 def test_layout_names_and_assignment():
@@ -49,7 +70,7 @@ def test_layout_names_and_assignment():
 def test_the_layout_is_recorded_once_and_never_changed(lake: Lake):
     assert read_layout(lake).partitions == 1  # a new lake
     assert ensure_layout(lake, 3).partitions == 3
-    assert read_layout(lake).partitions == 3  # readers are not told: it is recorded
+    assert read_layout(lake) == Layout(3, "sticky")  # readers are not told: it is recorded
     assert ensure_layout(lake, None).partitions == 3
     with pytest.raises(ConfigError, match="has 3 partitions per stream, not 2"):
         ensure_layout(lake, 2)
@@ -63,24 +84,51 @@ def test_an_unpartitioned_lake_is_not_partitioned_in_place(lake: Lake):
     assert not lake.exists("timezone1-p0")
 
 
-def test_the_producer_spreads_a_run_over_the_partitions(lake: Lake):
+def test_a_lake_recorded_before_the_sticky_partitioner_keeps_hashing(lake: Lake):
+    obstore.put(lake.object_store, LAYOUT_KEY, b'{"partitions": 2, "streams": ["timezone1"]}')
+    assert read_layout(lake) == Layout(2, "hash")
     report = Producer(
-        lake, ProducerConfig(rate=20_000, count=4000, run_id="spread", partitions=4)
+        lake, ProducerConfig(rate=20_000, count=2000, run_id="old", partitions=2)
     ).run()
-    assert report.partitions == 4 and sum(report.per_stream.values()) == 4000
+    assert report.messages == 2000
+    for table in Layout(2).input_tables:
+        index = _numbers(read_table(lake, table))
+        assert (partition_of("old", index, Layout(2, "hash"), 1) == int(table[-1])).all()
+
+
+def _numbers(frame) -> np.ndarray:
+    return np.array([int(m.rsplit("-", 1)[1]) for m in frame["message"]], dtype=np.int64)
+
+
+def test_the_producer_spreads_a_run_over_the_partitions(lake: Lake):
+    # 20k msg/s in 50 ms windows: 1000 messages a window, one partition each, in turn.
+    config = ProducerConfig(
+        rate=20_000, count=8000, run_id="spread", partitions=4, commit_interval=0.05
+    )
+    report = Producer(lake, config).run()
+    assert report.partitions == 4 and sum(report.per_stream.values()) == 8000
     tables = Layout(4).input_tables
     rows = {t: read_table(lake, t) for t in tables}
-    assert sum(r.height for r in rows.values()) == 4000
-    assert all(r.height > 300 for r in rows.values()), {t: r.height for t, r in rows.items()}
-    for table, frame in rows.items():  # each message is in the partition of its id's hash
-        index = np.array([int(m.rsplit("-", 1)[1]) for m in frame["message"]])
-        assert (partition_of("spread", index, 4) == int(table[-1])).all()
+    assert sum(r.height for r in rows.values()) == 8000
+    for table, frame in rows.items():  # each message is in its window's partition
+        index = _numbers(frame)
+        assert (partition_of("spread", index, Layout(4), 1000) == int(table[-1])).all()
+    for p in range(4):  # and each partition has two whole windows of the eight
+        index = np.concatenate([_numbers(rows[t]) for t in Layout(4).inputs_of(p)])
+        assert len(index) == 2000 and len(np.unique(index // 1000)) == 2
     # Resuming the same run writes nothing twice, in any partition.
-    again = Producer(
-        lake, ProducerConfig(rate=20_000, count=4000, run_id="spread", partitions=4)
-    ).run()
+    again = Producer(lake, config).run()
     assert again.messages == 0
-    assert sum(read_table(lake, t).height for t in tables) == 4000
+    assert sum(read_table(lake, t).height for t in tables) == 8000
+
+
+def test_a_partitioned_run_resumes_only_with_its_commit_window(lake: Lake):
+    config = ProducerConfig(rate=20_000, count=4000, run_id="w", partitions=2)
+    Producer(lake, config).run()
+    faster = ProducerConfig(rate=40_000, count=4000, run_id="w", partitions=2)
+    with pytest.raises(ConfigError, match="with 2000 messages per commit window"):
+        Producer(lake, faster).run()
+    assert sum(read_table(lake, t).height for t in Layout(2).input_tables) == 4000
 
 
 def test_two_etl_processes_split_the_partitions_exactly_once_under_sigkill(

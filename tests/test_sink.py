@@ -126,3 +126,26 @@ def test_an_input_just_committed_is_not_waited_for_again(local_lake: Lake) -> No
     wait_for(lambda: sink.positions["timezone2"] == 0)
     assert time.monotonic() - delivered < 0.25, "lingered for an input it had just committed"
     sink.on_end()
+
+
+def test_inputs_fed_every_other_window_still_share_one_commit(local_lake: Lake) -> None:
+    """A partition that the sticky partitioner feeds one window in two delivers every two
+    intervals, in either order. Waiting only for inputs seen within two intervals would
+    miss the other input about every time and split each round in two commits."""
+    interval = 0.2
+    sink = new_sink(local_lake, interval)
+    start = time.monotonic()
+    commits: list[int] = []
+    for cycle in range(8):
+        due = start + cycle * 2 * interval
+        time.sleep(max(0.0, due - time.monotonic()))
+        first, second = SOURCES if cycle % 2 == 0 else SOURCES[::-1]
+        before = sink.stats.commits
+        deliver(sink, first, cycle)
+        time.sleep(0.04)
+        deliver(sink, second, cycle)
+        wait_for(lambda c=cycle: sink.positions == {"timezone1": c, "timezone2": c})
+        commits.append(sink.stats.commits - before)
+    sink.on_end()
+    assert commits[2:] == [1] * 6, commits  # once both cadences are known: one commit a round
+    assert sink.stats.rows == 8 * 2 * 5

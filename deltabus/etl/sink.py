@@ -36,6 +36,10 @@ BURST = 2  # commits allowed back to back
 # two commits share an interval, the commits come back in step with the arrivals within a
 # few intervals. At exactly one per interval they would stay behind them for good.
 REFILL_PER_INTERVAL = 1.25
+# An input's cadence is a moving average over about this many deliveries; a gap of more
+# than PAUSE_INTERVALS commit intervals is a pause, not its cadence.
+CADENCE_WEIGHT = 0.25
+PAUSE_INTERVALS = 20
 # An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
 # log listing): a fenced ETL then exits even when it has nothing more to commit.
 LEASE_CHECK_S = 5.0
@@ -100,6 +104,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self._seen: dict[str, int] = dict(positions)
         self._delivered: dict[str, int] = dict(positions)  # as of the last time end
         self._last_arrival: dict[str, float] = {}  # input -> when it last delivered rows
+        # input -> seconds between its deliveries (a moving average): an input partition
+        # fed one window in P by the sticky partitioner delivers every P intervals.
+        self._cadence: dict[str, float] = {}
         self._tokens = float(BURST)  # commits the rate limit allows right now
         self._refilled = time.monotonic()
         self._lock = threading.Lock()
@@ -135,11 +142,20 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         with self._lock:
             for source, version in seen.items():
                 if version > self._delivered.get(source, -1):
-                    self._last_arrival[source] = now
+                    self._arrived(source, now)
             self._delivered = seen
             self._pending.append((self._batches, seen))
         self._batches = []
         self._wake.set()
+
+    def _arrived(self, source: str, now: float) -> None:
+        last = self._last_arrival.get(source)
+        self._last_arrival[source] = now
+        if last is None or now - last > PAUSE_INTERVALS * self.commit_interval:
+            return  # the first delivery, or one after a pause: no cadence in it
+        gap = max(self.commit_interval, now - last)
+        old = self._cadence.get(source)
+        self._cadence[source] = gap if old is None else old + CADENCE_WEIGHT * (gap - old)
 
     def on_end(self) -> None:
         self.on_time_end(0)
@@ -226,21 +242,18 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         The producer commits both inputs for the same window at about the same moment,
         but the ETL picks them up a few milliseconds apart. Committing the first alone
         would make the second wait for the next commit, so the sink lingers (at most
-        half an interval) until each input that delivered during the last two intervals,
+        half an interval) until each input that delivered within its last two cadences,
         and whose next batch is due within the linger, has delivered again; an input that
-        went quiet stops being waited for. At 1000 ms
-        and 70k msg/s the second input's batch reaches the sink ~0.3 s after the first.
+        went quiet stops being waited for. An input's cadence is the time between its
+        deliveries: one interval, or P intervals for a partition that the sticky
+        partitioner feeds one window in P. At 1000 ms and 70k msg/s the second input's
+        batch reaches the sink ~0.3 s after the first.
         """
         arrived = _monotonic()
-        active_since = arrived - 2 * self.commit_interval
-        # An input is worth waiting for only if its next batch is due within the linger
-        # (one interval after its last): one that delivered moments ago, and whose rows
-        # went out in the previous commit, would keep this commit waiting for nothing.
-        due_by = arrived + self.linger - self.commit_interval
         while not self._closing:
             with self._lock:
                 delivered = self._pending[-1][1] if self._pending else {}
-                awaited = {s for s, t in self._last_arrival.items() if active_since <= t <= due_by}
+                awaited = {s for s, t in self._last_arrival.items() if self._awaited(s, t, arrived)}
             fresh = {s for s, v in delivered.items() if v > self.positions.get(s, -1)}
             now = _monotonic()
             until = now + self._token_wait()
@@ -250,6 +263,14 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
                 return
             self._wake.wait(until - now)
             self._wake.clear()
+
+    def _awaited(self, source: str, last: float, arrived: float) -> bool:
+        """Whether `source`'s next batch is worth waiting for: it delivered within its
+        last two cadences, and its next batch (a cadence after its last) is due within
+        the linger; one that delivered moments ago, and whose rows went out in the
+        previous commit, would keep this commit waiting for nothing."""
+        cadence = self._cadence.get(source, self.commit_interval)
+        return arrived - 2 * cadence <= last <= arrived + self.linger - cadence
 
     def _commit(self, pending: list) -> None:
         positions = pending[-1][1]
