@@ -152,7 +152,8 @@ def produce(
     partitions: PartitionsOption = None,
 ) -> None:
     """Write messages from New York and Paris into timezone1 and timezone2 (or their
-    partitions: a message goes to partition hash(message id) mod P of its stream)."""
+    partitions: each commit window's messages go to one partition, the next window's to
+    the next; a window of more than 65,536 messages is cut into chunks that go on in turn)."""
     from deltabus.producer import Producer, ProducerConfig
 
     if duration is None and count is None:

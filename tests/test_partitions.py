@@ -19,7 +19,7 @@ from deltabus.lake import Lake
 from deltabus.partitions import LAYOUT_KEY, Layout, ensure_layout, partition_of, read_layout
 from deltabus.producer import Producer, ProducerConfig
 from deltabus.results import export_results
-from tests.conftest import lake_env
+from tests.conftest import lake_env, run_cli
 from tests.helpers import assert_exactly_once, etl_process, read_table, wait_for_file
 
 
@@ -192,3 +192,31 @@ def test_two_etl_processes_split_the_partitions_exactly_once_under_sigkill(
         assert unified == inputs and unified
     # Readers see every partition: the CSV export holds all 8000 rows.
     assert export_results(lake, tmp_path / "out.csv") == 8000
+
+
+def test_partitions_that_got_only_the_closing_commit_are_finished_too(
+    minio_lake: Lake, tmp_path: Path
+):
+    """Two windows over four partitions: two partitions get rows, two only the run's
+    closing commit, which has none. The ETL must still take every partition's position
+    to its last version and record the run as finished there, or the run never counts as
+    finished and the lag never reaches 0."""
+    from deltabus.etl.positions import recorded_finished_runs, recorded_positions
+
+    lake = minio_lake
+    config = ProducerConfig(
+        rate=20_000, count=2000, run_id="short", partitions=4, commit_interval=0.05
+    )
+    Producer(lake, config).run()
+    heights = [read_table(lake, t).height for t in Layout(4).input_tables]
+    assert heights.count(0) == 4  # two partitions hold no rows in either stream
+    etl = run_cli(["etl", "--mode", "bounded"], lake_env(lake), tmp_path, timeout=180)
+    assert etl.returncode == 0, etl.stderr[-3000:]
+    assert_exactly_once(lake, expected=2000)
+    for i in range(4):
+        unified = lake.open(f"timezone_unified-p{i}")
+        positions, _ = recorded_positions(unified, Layout(4).inputs_of(i))
+        finished = recorded_finished_runs(unified)
+        for table in Layout(4).inputs_of(i):
+            assert positions[table] == lake.open(table).version(), (table, positions)
+            assert "short" in finished.get(table, set()), (table, finished)

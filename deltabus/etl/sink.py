@@ -135,10 +135,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
                 self._batches = []
                 return
             raise RuntimeError("Delta sink failed") from self._error
-        if not self._batches:
-            return
-        now = _monotonic()
         seen = dict(self._seen)
+        if not self._batches and all(v <= self._delivered.get(s, -1) for s, v in seen.items()):
+            return
+        # Batches, or input versions with no rows: those still move the positions (and
+        # the finished runs recorded with them) in a commit of no rows.
+        now = _monotonic()
         with self._lock:
             for source, version in seen.items():
                 if version > self._delivered.get(source, -1):

@@ -281,19 +281,26 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         for commit in commits:
             self._note_finished(commit.info)
         self.stats.skipped_change_commits = tail.skipped_change_commits
+        groups: list[tuple[int, pa.Table]] = []
         if parts:
             valid = self._validate(concat(parts))
             self.stats.rows += valid.num_rows
             self.stats.retractions += int(pc.sum(pc.less(valid["_diff"], 0)).as_py() or 0)
             groups = list(by_version(valid))
-            if groups and self.on_sent is not None:
-                # Rows take the Pathway time opened by their input's last commit: commit
-                # first, so `time` is now and not when the previous rows were sent.
-                self.commit()
-            for version, rows in groups:
-                self.next(rows=pw.wrap_py_object(rows), source=self.table, version=version)
-            if groups and self.on_sent is not None:
-                self.on_sent()
+        last = commits[-1].version
+        if not groups or groups[-1][0] < last:
+            # The last versions carry no valid rows (a producer's closing commit to a
+            # partition it gave no rows, rows all rejected): an empty batch still takes the
+            # sink's position past them, and its finished runs with it.
+            groups.append((last, EMPTY_ROWS))
+        if self.on_sent is not None:
+            # Rows take the Pathway time opened by their input's last commit: commit
+            # first, so `time` is now and not when the previous rows were sent.
+            self.commit()
+        for version, rows in groups:
+            self.next(rows=pw.wrap_py_object(rows), source=self.table, version=version)
+        if self.on_sent is not None:
+            self.on_sent()
         self.stats.versions += len(commits)
         self.next_version = commits[-1].version + 1
         self.stats.latest_version = commits[-1].version
@@ -302,6 +309,16 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         """Bounded mode: remember which producer runs marked themselves finished."""
         if meta(info, "producer.finished"):
             self.stats.finished_runs.add(str(meta(info, "producer.run_id")))
+
+
+# A version batch with no rows (`BatchSchema.rows` columns).
+EMPTY_ROWS = pa.table(
+    {
+        "date": pa.array([], pa.string()),
+        "message": pa.array([], pa.string()),
+        "diff": pa.array([], pa.int64()),
+    }
+)
 
 
 def by_version(valid: pa.Table) -> Iterator[tuple[int, pa.Table]]:
