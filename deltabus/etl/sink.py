@@ -39,6 +39,7 @@ REFILL_PER_INTERVAL = 1.25
 # An input's cadence is a moving average over about this many deliveries; a gap of more
 # than PAUSE_INTERVALS commit intervals is a pause, not its cadence.
 CADENCE_WEIGHT = 0.25
+LINGER_SHARE = 0.5
 PAUSE_INTERVALS = 20
 # An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
 # log listing): a fenced ETL then exits even when it has nothing more to commit.
@@ -94,7 +95,6 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self.checkpointer = checkpointer
         self.finished_runs = finished_runs
         self.commit_interval = commit_interval
-        self.linger = commit_interval * 0.5
         self.positions = dict(positions)  # highest input version fully delivered
         self.seq = next_seq
         self.stats = SinkStats(version=appender.version())
@@ -243,13 +243,14 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
 
         The producer commits both inputs for the same window at about the same moment,
         but the ETL picks them up a few milliseconds apart. Committing the first alone
-        would make the second wait for the next commit, so the sink lingers (at most
-        half an interval) until each input that delivered within its last two cadences,
-        and whose next batch is due within the linger, has delivered again; an input that
-        went quiet stops being waited for. An input's cadence is the time between its
+        would make the second wait for the next commit, so the sink lingers until each
+        input that delivered within its last two cadences, and whose next batch is due
+        within its linger (half its cadence), has delivered again; an input that went
+        quiet stops being waited for. An input's cadence is the time between its
         deliveries: one interval, or P intervals for a partition that the sticky
-        partitioner feeds one window in P. At 1000 ms and 70k msg/s the second input's
-        batch reaches the sink ~0.3 s after the first.
+        partitioner feeds one window in P (whose commits a reader then expects P
+        intervals apart, so a split commit costs it more). At 1000 ms and 70k msg/s the
+        second input's batch reaches the sink ~0.3 s after the first.
         """
         arrived = _monotonic()
         while not self._closing:
@@ -260,7 +261,7 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
             now = _monotonic()
             until = now + self._token_wait()
             if not awaited <= fresh:
-                until = max(until, arrived + self.linger)
+                until = max(until, arrived + max(self._linger(s) for s in awaited - fresh))
             if now >= until:
                 return
             self._wake.wait(until - now)
@@ -269,10 +270,14 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
     def _awaited(self, source: str, last: float, arrived: float) -> bool:
         """Whether `source`'s next batch is worth waiting for: it delivered within its
         last two cadences, and its next batch (a cadence after its last) is due within
-        the linger; one that delivered moments ago, and whose rows went out in the
+        its linger; one that delivered moments ago, and whose rows went out in the
         previous commit, would keep this commit waiting for nothing."""
         cadence = self._cadence.get(source, self.commit_interval)
-        return arrived - 2 * cadence <= last <= arrived + self.linger - cadence
+        return arrived - 2 * cadence <= last <= arrived + self._linger(source) - cadence
+
+    def _linger(self, source: str) -> float:
+        """How long a commit may wait for `source`: half its cadence."""
+        return LINGER_SHARE * self._cadence.get(source, self.commit_interval)
 
     def _commit(self, pending: list) -> None:
         positions = pending[-1][1]
