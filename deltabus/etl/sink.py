@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,9 +37,11 @@ BURST = 2  # commits allowed back to back
 # two commits share an interval, the commits come back in step with the arrivals within a
 # few intervals. At exactly one per interval they would stay behind them for good.
 REFILL_PER_INTERVAL = 1.25
-# An input's cadence is a moving average over about this many deliveries; a gap of more
-# than PAUSE_INTERVALS commit intervals is a pause, not its cadence.
-CADENCE_WEIGHT = 0.25
+# An input's cadence is the shortest of its last CADENCE_GAPS gaps between deliveries
+# (at least one commit interval): a late delivery makes one long gap and one short, and
+# an input that keeps one interval's pace keeps a cadence of one interval under load. A
+# gap of more than PAUSE_INTERVALS commit intervals is a pause, not its cadence.
+CADENCE_GAPS = 8
 LINGER_SHARE = 0.5
 PAUSE_INTERVALS = 20
 # An idle sink re-reads the table this often to notice that a newer ETL fenced it (one
@@ -104,9 +107,9 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self._seen: dict[str, int] = dict(positions)
         self._delivered: dict[str, int] = dict(positions)  # as of the last time end
         self._last_arrival: dict[str, float] = {}  # input -> when it last delivered rows
-        # input -> seconds between its deliveries (a moving average): an input partition
-        # fed one window in P by the sticky partitioner delivers every P intervals.
-        self._cadence: dict[str, float] = {}
+        # input -> its last gaps between deliveries (s): an input partition fed one
+        # window in P by the sticky partitioner delivers every P intervals.
+        self._gaps: dict[str, deque[float]] = {}
         self._tokens = float(BURST)  # commits the rate limit allows right now
         self._refilled = time.monotonic()
         self._lock = threading.Lock()
@@ -155,9 +158,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self._last_arrival[source] = now
         if last is None or now - last > PAUSE_INTERVALS * self.commit_interval:
             return  # the first delivery, or one after a pause: no cadence in it
-        gap = max(self.commit_interval, now - last)
-        old = self._cadence.get(source)
-        self._cadence[source] = gap if old is None else old + CADENCE_WEIGHT * (gap - old)
+        self._gaps.setdefault(source, deque(maxlen=CADENCE_GAPS)).append(now - last)
+
+    def _cadence(self, source: str) -> float:
+        """Seconds between `source`'s deliveries (CADENCE_GAPS)."""
+        gaps = self._gaps.get(source)
+        return max(self.commit_interval, min(gaps)) if gaps else self.commit_interval
 
     def on_end(self) -> None:
         self.on_time_end(0)
@@ -272,12 +278,12 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         last two cadences, and its next batch (a cadence after its last) is due within
         its linger; one that delivered moments ago, and whose rows went out in the
         previous commit, would keep this commit waiting for nothing."""
-        cadence = self._cadence.get(source, self.commit_interval)
+        cadence = self._cadence(source)
         return arrived - 2 * cadence <= last <= arrived + self._linger(source) - cadence
 
     def _linger(self, source: str) -> float:
         """How long a commit may wait for `source`: half its cadence."""
-        return LINGER_SHARE * self._cadence.get(source, self.commit_interval)
+        return LINGER_SHARE * self._cadence(source)
 
     def _commit(self, pending: list) -> None:
         positions = pending[-1][1]
