@@ -27,7 +27,7 @@ from deltabus.etl.positions import recorded_finished_runs, recorded_positions
 from deltabus.etl.rejects import RejectsWriter
 from deltabus.etl.sink import DeltaSinkObserver
 from deltabus.etl.source import BatchSchema, DeltaTailSubject
-from deltabus.etl.ticker import CommitTicker
+from deltabus.etl.ticker import CommitTicker, TickGroup
 from deltabus.fast_append import TableAppender
 from deltabus.gctune import tune_gc_for_streaming
 from deltabus.intervals import (
@@ -53,7 +53,8 @@ class EtlConfig:
     expected_producers: int = 1
     # Bounded mode: stop at these producer runs' finish markers, not at a count of runs.
     until_runs: frozenset[str] = frozenset()
-    # Pathway commits every tick_ms while rows flow, none while idle (deltabus.etl.ticker).
+    # Pathway commits an output's inputs every tick_ms while rows are on their way to it,
+    # none while idle (deltabus.etl.ticker).
     tick_ms: int = 10
     threads: int = 1
     # This ETL is process `process` of `processes`, and owns the partitions i with
@@ -117,6 +118,13 @@ class _Flow:
     subjects: list[DeltaTailSubject]
     sink: DeltaSinkObserver
     resumed_from: dict[str, int]
+
+    def tick_group(self) -> TickGroup:
+        """The inputs to commit while rows sent to them have not reached the sink."""
+        subjects, sink = self.subjects, self.sink
+        return TickGroup(
+            subjects, lambda: any(s.sent_version > sink.seen(s.table) for s in subjects)
+        )
 
 
 def _partition_flow(
@@ -228,7 +236,7 @@ def run_etl(
     ]
     subjects = [s for flow in flows for s in flow.subjects]
     sinks = [flow.sink for flow in flows]
-    ticker = CommitTicker(subjects, config.tick_ms / 1000)
+    ticker = CommitTicker([flow.tick_group() for flow in flows], config.tick_ms / 1000)
     for subject in subjects:
         subject.on_sent = ticker.rows_sent
 

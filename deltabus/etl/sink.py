@@ -153,6 +153,10 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         self._batches = []
         self._wake.set()
 
+    def seen(self, source: str) -> int:
+        """The highest version of `source` whose rows reached this sink."""
+        return self._seen.get(source, -1)
+
     def _arrived(self, source: str, now: float) -> None:
         last = self._last_arrival.get(source)
         self._last_arrival[source] = now

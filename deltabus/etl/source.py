@@ -112,6 +112,9 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         # Called right after rows were sent (deltabus.etl.ticker commits them); with it
         # set, the subject also commits right before sending (see `_emit`).
         self.on_sent: Callable[[], None] | None = None
+        # The last input version sent to Pathway: the ticker commits until the sink has
+        # seen it.
+        self.sent_version = start_version - 1
         # Skip input commits that remove rows without change data (Settings).
         self.skip_change_commits = skip_change_commits
 
@@ -297,6 +300,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             # Rows take the Pathway time opened by their input's last commit: commit
             # first, so `time` is now and not when the previous rows were sent.
             self.commit()
+        self.sent_version = last
         for version, rows in groups:
             self.next(rows=pw.wrap_py_object(rows), source=self.table, version=version)
         if self.on_sent is not None:
