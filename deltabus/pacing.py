@@ -13,13 +13,11 @@ are:
   further apart the longer the commit is late (up to a twentieth of the gap). The aim
   learns from its outcome: a first poll that misses moves it later, one that finds the
   commit earlier, each twice as far after each such outcome in a row (the aim may be
-  off by any amount), unless the poll itself went out late or the commit was off the
-  writer's pace (not within a quarter of the learnt gap of the one before: the gap is
-  still being learnt, and the look tells how wrong it is, not the aim). It settles
-  where about one first poll in four misses, whatever the clock skew between writer
-  and tail or the time a commit takes to land, so a tail that keeps up costs about 1.3
-  GETs per commit (pacing by its own hits: 2.2). The gap comes from the writer's
-  timestamps however the commits were found, except across a pause.
+  off by any amount), unless the poll itself went out late. It settles where about one
+  first poll in four misses, whatever the clock skew between writer and tail or the time
+  a commit takes to land, so a tail that keeps up costs about 1.3 GETs per commit
+  (pacing by its own hits: 2.2). The gap comes from the writer's timestamps however the
+  commits were found, except across a pause.
   Without timestamps it sleeps most of the gap measured between its own hits;
 - a table that has gone quiet is polled less and less often, up to `idle_poll` (the
   settings' `DELTABUS_IDLE_POLL_MS`), which bounds both the idle cost and how late the
@@ -50,9 +48,6 @@ AIM_UP_S = 0.008
 # time, up to this part of the gap.
 MISS_POLL_GROWTH = 1.5
 MISS_POLL_CAP = 0.05
-# A commit within this share of the learnt gap after the last one is on the writer's pace;
-# only first looks for such commits move the aim.
-ON_PACE = 0.25
 
 
 class Pacer:
@@ -145,20 +140,12 @@ class Pacer:
     def _found_stamped(self, now: float, versions: int, commit_ms: float) -> None:
         """Aim the next poll at when the writer's next commit should land (module doc)."""
         wall = time.time()
-        # Whether this commit came about one learnt gap after the last: if not, the gap
-        # is still being learnt (the first one measured spanned the writer's start, say),
-        # and a first look that found or missed it says how wrong the gap was, not the
-        # aim. Moving the aim on such looks drove it 0.4 s early while a learnt 1.7 s gap
-        # came down to the 0.4 s of a partition fed every fourth window: ten misses a
-        # commit until it came back.
-        on_pace = False
         if self._last_commit_ms is not None:
             # The writer's own clock gives the gap, however our polls found the commits;
             # only a gap measured across a pause (we had backed off) is not taken as the
             # writer's pace. Taking none while backed off never learnt a gap above three
             # poll intervals (1000 ms commits): every commit then cost ten misses.
             gap = (commit_ms - self._last_commit_ms) / 1000 / versions
-            on_pace = self.gap is not None and abs(gap - self.gap) <= ON_PACE * self.gap
             if not self._idle or self.gap is None or gap <= 2 * self.gap:
                 self._update_gap(gap)
         self._last_commit_ms = commit_ms
@@ -170,8 +157,6 @@ class Pacer:
             # First aim: when we saw this one, less half a poll (it landed before we looked).
             # Late rather than early: a late aim comes down in a few commits (below).
             self.aim = wall - commit_ms / 1000 - self.poll_interval / 2
-        elif not on_pace:
-            pass  # the gap is still being learnt: the look says nothing of the aim
         elif self._aimed and versions == 1 and self._missed:
             # The first look missed: later by AIM_UP_S, twice as far after each such miss
             # in a row, by at most a tenth of the gap. One late commit moves the aim
