@@ -40,10 +40,19 @@ _MINIO_FULL = (
     "storage backend has reached",
     "insufficient storage",
 )
+# Text of an object store's HTTP answer: a full disk it reports is its own drives'.
+_OBJECT_STORE_ANSWER = ("s3 error", "server returned", "http://", "https://")
 _CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "invalidtoken")
 _ACCESS_DENIED = ("accessdenied", "access denied", "access_denied")
 _NO_BUCKET = ("nosuchbucket",)
 _PERMISSION = ("permission denied", "(os error 13)", "permissiondenied")
+
+_STORE_FULL = (
+    (),
+    _MINIO_FULL,
+    "the object store's drives are full",
+    "free space on MinIO's drives or add capacity (e.g. run lake maintenance to vacuum old files)",
+)
 
 # (errno values, text markers, problem, fix), tried in this order on each exception.
 _USER_STORAGE_FAILURES: tuple[tuple[tuple[int, ...], tuple[str, ...], str, str], ...] = (
@@ -61,13 +70,7 @@ _USER_STORAGE_FAILURES: tuple[tuple[tuple[int, ...], tuple[str, ...], str, str],
         "free space on that disk (e.g. run lake maintenance to vacuum old files), "
         "or point DELTABUS_LOCAL_ROOT at a disk with room",
     ),
-    (
-        (),
-        _MINIO_FULL,
-        "the object store's drives are full",
-        "free space on MinIO's drives or add capacity (e.g. run lake maintenance "
-        "to vacuum old files)",
-    ),
+    _STORE_FULL,
     (
         (),
         _CREDENTIALS,
@@ -134,5 +137,9 @@ def user_storage_error(exc: BaseException, where: str = "") -> DeltabusError | N
         errno = getattr(e, "errno", None)
         for errnos, markers, problem, hint in _USER_STORAGE_FAILURES:
             if errno in errnos or any(m in text for m in markers):
+                if markers is _DISK_FULL and any(m in text for m in _OBJECT_STORE_ANSWER):
+                    # The object store ran out of disk ("no space left on device" in
+                    # its answer): its drives need room, not our local root.
+                    _, _, problem, hint = _STORE_FULL
                 return StorageError(f"{problem}{at}: {_excerpt(e)}", hint)
     return None

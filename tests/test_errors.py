@@ -250,3 +250,34 @@ def test_a_stop_cuts_an_outage_retry_short_but_rides_out_a_blip():
         assert retry.retry_storage(blip, what="commit", max_wait=120) == "committed"
     # Outside the context, a set event no longer shortens anything.
     assert not retry._stop_requested()
+
+
+@pytest.mark.parametrize(
+    ("error", "problem", "fix"),
+    [
+        (
+            OSError(28, "No space left on device"),
+            "no space left on the lake storage",
+            "DELTABUS_LOCAL_ROOT",
+        ),
+        (
+            OSError(
+                "Generic S3 error: Error performing PUT http://127.0.0.1:9000/b/t/part-0.parquet"
+                " in 4.3ms - Server returned non-2xx status code: 500 Internal Server Error: "
+                "<Error><Message>write /data/b/t/part-0.parquet: no space left on device"
+                "</Message></Error>"
+            ),
+            "the object store's drives are full",
+            "MinIO's drives",
+        ),
+    ],
+)
+def test_a_full_disk_is_told_by_whose_disk_it_is(error: OSError, problem: str, fix: str) -> None:
+    """A local disk full points at DELTABUS_LOCAL_ROOT; an object store answering that
+    its disk is full points at the store's drives (MinIO says either, depending on
+    when its drive filled up)."""
+    from deltabus.errors import user_storage_error
+
+    clear = user_storage_error(error, "the lake")
+    assert clear is not None
+    assert clear.problem.startswith(problem) and fix in clear.hint, clear
