@@ -182,6 +182,31 @@ def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
     assert idle["first_after_idle_s"] > 0  # the probe reached the consumer after the idle
 
 
+def test_backlog_drain_takes_one_of_two_etl_processes_down(
+    minio: MinioServer, tmp_path: Path
+) -> None:
+    """With two ETL processes, the drain scenario stops process 0 (SIGTERM) under load
+    and restarts it: its partition's backlog is drained, nothing is lost, and process 1
+    ran throughout."""
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "19", "--warmup", "1"]
+    args += ["--partitions", "2", "--etl-processes", "2", "--backlog-drain", "1"]
+    args += ["--profile", "100ms", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    result = run_cli(args, lake_env(lake), tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    detail = json.loads((out / "runs" / "delta-2000.json").read_text())
+    assert detail["errors"] == [] and detail["lost"] == 0, detail["errors"]
+    assert detail["checks"]["produced_rows"] == 2000 * 19
+    drain = detail["drain"]
+    assert drain["signal"] == "term" and drain["restart_ready_s"] > 0
+    assert drain["backlog_messages"] > 0
+    assert {"etl", "etl 1", "etl (restarted)"} <= set(detail["cost"]["cpu_pct_of_one_core"])
+    owned = sorted(p for r in detail["etl_reports"] for p in r["partitions"])
+    assert owned.count(1) == 1 and owned.count(0) >= 1, owned  # the restart owned 0 again
+    assert "backlog drain (term): ETL process 0 (of 2) down" in (out / "report.md").read_text()
+
+
 def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
     """The same workload over a real Kafka broker and Pathway's Kafka connectors."""
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))

@@ -86,7 +86,8 @@ def bench(
         float,
         typer.Option(
             help="Scenario: take the ETL down for N s under load, then resume it and "
-            "report the time until latency is back under --recovery-threshold."
+            "report the time until latency is back under --recovery-threshold. With "
+            "--etl-processes > 1, process 0 goes down and the others go on."
         ),
     ] = 0,
     drain_signal: Annotated[

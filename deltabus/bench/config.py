@@ -93,8 +93,6 @@ class BenchConfig:
                 f"--etl-processes must be 1..{self.partitions} (at most one per partition), "
                 f"got {self.etl_processes}"
             )
-        if self.etl_processes > 1 and self.backlog_drain:
-            raise ConfigError("--backlog-drain runs with one ETL process (--etl-processes 1)")
         if self.producer_mode not in ("process", "inline"):
             raise ConfigError("--producer-mode must be process or inline")
         if self.backlog_drain < 0:

@@ -307,7 +307,7 @@ def report_markdown(
             dr = d["drain"]
             restart = f", restart took {dr['restart_ready_s']} s" if dr["restart_ready_s"] else ""
             lines.append(
-                f"- backlog drain ({dr['signal']}): ETL down {dr['down_s']} s{restart}, "
+                f"- backlog drain ({dr['signal']}): {_drained(d)} down {dr['down_s']} s{restart}, "
                 f"{dr['backlog_messages']:,} messages backlog, peak latency "
                 f"{dr['peak_latency_s']} s; backlog drained {dr['backlog_drained_s']} s after "
                 f"the resumption; back under {dr['threshold_s']} s after "
@@ -380,3 +380,9 @@ def write_reports(
     )
     report["errors"] = [f"{d['backbone']} {d['rate']}: {e}" for d in details for e in d["errors"]]
     return report
+
+
+def _drained(run: dict) -> str:
+    """Which ETL a backlog drain took down: the one, or process 0 of several."""
+    n = run.get("etl_processes", 1)
+    return f"ETL process 0 (of {n})" if n > 1 else "ETL"

@@ -257,8 +257,7 @@ class Bench:
             if serving is not None:
                 total = sum(s.total for s in state.specs)
                 serving.wait(total, cfg.grace, MAX_DRAIN_WAIT_FACTOR * cfg.duration + 60)
-            # The ETLs running now: a backlog drain (one ETL only) restarted etls[0].
-            running = etls if cfg.etl_processes > 1 else etls[-1:]
+            running = _running_etls(etls, state.drain)
             if cfg.idle_s > 0 and all(e.alive() for e in running):
                 state.idle = self._measure_idle(cpu.pids, cfg.idle_s)
                 state.idle.update(self._first_after_idle(lake, consumer) or {})
@@ -297,11 +296,12 @@ class Bench:
         tag: str,
         ready: Path,
     ) -> None:
-        """Backlog drain: take the ETL down at drain_at for backlog_drain s, then resume."""
+        """Backlog drain: take the ETL (process 0 of several) down at drain_at for
+        backlog_drain s, then resume it; the other processes go on meanwhile."""
         cfg = self.cfg
         d = state.drain
         if d is None and elapsed >= cfg.drain_at:
-            etl = etls[-1]
+            etl = etls[0]
             state.drain = d = {"signal": cfg.drain_signal, "down_ms": time.time() * 1000}
             log.info("backlog drain: ETL down (%s) for %g s", cfg.drain_signal, cfg.backlog_drain)
             if cfg.drain_signal == "stop":
@@ -315,10 +315,10 @@ class Bench:
                 return
             d["resuming"] = True
             if cfg.drain_signal == "stop":
-                etls[-1].signal(signal.SIGCONT)
+                etls[0].signal(signal.SIGCONT)
             else:
                 restart_at = time.monotonic()
-                etl = self._etl(lake.settings.prefix, env, f"{tag}-etl-restarted", ready)
+                etl = self._etl(lake.settings.prefix, env, f"{tag}-etl-restarted", ready, 0)
                 etls.append(etl)
                 cpu.watch("etl (restarted)", etl.pid)
                 etl.wait_file(ready)
@@ -539,8 +539,8 @@ class Bench:
                     started = True
                 if drain is not None:
                     drain(now - start_us / 1e6)
-                if not etls[-1].alive() and not (state.drain and "resumed_ms" not in state.drain):
-                    state.errors.append(f"the ETL process died: {etls[-1].stderr_tail(5)}")
+                if dead := [e for e in _running_etls(etls, state.drain) if not e.alive()]:
+                    state.errors.append(f"the ETL process died: {dead[0].stderr_tail(5)}")
                     break
                 if consumer.error is not None:
                     break
@@ -576,8 +576,8 @@ class Bench:
                 if time.monotonic() > cap:
                     log.warning("still missing rows after the wait cap: giving up")
                     break
-                if not etls[-1].alive():
-                    state.errors.append(f"the ETL process died: {etls[-1].stderr_tail(5)}")
+                if dead := [e for e in _running_etls(etls, state.drain) if not e.alive()]:
+                    state.errors.append(f"the ETL process died: {dead[0].stderr_tail(5)}")
                     break
                 show("draining")
                 time.sleep(0.25)
@@ -598,3 +598,12 @@ def _json_lines(path: Path) -> list[dict]:
     except OSError:
         pass
     return out
+
+
+def _running_etls(etls: list[ChildProcess], drain: dict | None) -> list[ChildProcess]:
+    """The ETL processes that should be running now. A backlog drain takes process 0
+    (`etls[0]`) down: stopped with SIGSTOP it stays alive; with SIGTERM it is gone until
+    its restart is appended to `etls`."""
+    if drain is None or drain["signal"] == "stop":
+        return etls
+    return etls[1:]
