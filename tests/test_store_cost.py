@@ -4,24 +4,35 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 
 import obstore
+import pytest
 
 from deltabus.bench.store_cost import REQUESTS_PER_COMMIT, measure
 from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer
 
 
+@pytest.mark.parametrize("partitioner", ["hash", "sticky"])
 def test_each_table_commit_writes_and_reads_back_its_data_and_log_entry(
-    minio: MinioServer, minio_lake: Lake
+    minio: MinioServer, minio_lake: Lake, partitioner: str
 ) -> None:
     store = minio_lake.object_store
     assert minio.process is not None
     cost = measure(
-        store, minio.process.pid, partitions=2, rate=20_000, interval_s=0.05, seconds=0.5
+        store,
+        minio.process.pid,
+        partitions=2,
+        rate=20_000,
+        interval_s=0.05,
+        seconds=0.5,
+        partitioner=partitioner,
     )
-    # Two input tables and one unified table per partition, one commit each per interval.
-    assert cost.commits == 10 * 3 * 2
+    # Two input tables and one unified table per partition that got rows: with hash
+    # placement both partitions every window; sticky gives each window (1,000 messages)
+    # to one partition, in turn.
+    assert cost.commits == 10 * 3 * (2 if partitioner == "hash" else 1)
     assert cost.requests == cost.commits * REQUESTS_PER_COMMIT
     keys = [m["path"] for chunk in obstore.list(store, chunk_size=1000) for m in chunk]
     logs = [k for k in keys if "/_delta_log/" in k]
@@ -29,6 +40,8 @@ def test_each_table_commit_writes_and_reads_back_its_data_and_log_entry(
     assert len(logs) == len(data) == cost.commits
     tables = {k.split("/")[1] for k in logs}
     assert tables == {f"timezone{s}-p{p}" for s in ("1", "2", "_unified") for p in (0, 1)}
+    per_table = Counter(k.split("/")[1] for k in logs)
+    assert set(per_table.values()) == {10 if partitioner == "hash" else 5}, per_table
     # A unified file carries both streams' rows: twice an input file, at 1.5x the bytes a row.
     sizes = {k.split("/")[1]: len(obstore.get(store, k).bytes()) for k in data}
     assert sizes["timezone_unified-p0"] > 2 * sizes["timezone1-p0"]

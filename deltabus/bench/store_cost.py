@@ -2,14 +2,17 @@
 
 Every table commit needs four requests, whatever deltabus does around them: the writer's
 PUT of the data file and PUT-if-absent of the log entry, and one reader's GET of each.
-Per partition and commit interval there are three table commits (two input tables and
-one unified table). This replays exactly those requests, with data files of the size a
-given rate fills, against a throwaway local MinIO, and reports the CPU the MinIO process
-used: the floor under the cost of a partition, since no client change can remove a
-request a commit needs. Layouts are alternated, so a slow minute hits each of them.
+A partition that gets rows in a commit window makes three table commits (its two input
+tables and its unified table). Which partitions get rows is the partitioner's (the real
+one, deltabus.partitions): with `sticky`, a window below 65,536 messages goes to one
+partition, so P partitions make the commits of one; with `hash`, every partition commits
+every window. This replays exactly those requests, with data files of the size a given
+rate fills, against a throwaway local MinIO, and reports the CPU the MinIO process used:
+the floor under the cost of a partition, since no client change can remove a request a
+commit needs. Layouts are alternated, so a slow minute hits each of them.
 
     python -m deltabus.bench.store_cost [--partitions 1,2] [--rate 150000]
-        [--interval-ms 100] [--seconds 30] [--repeats 2]
+        [--interval-ms 100] [--seconds 30] [--repeats 2] [--partitioner sticky]
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import obstore
 from obstore.store import ObjectStore
 
 from deltabus.bench.environment import process_cpu_s, throwaway_minio
 from deltabus.lake import Lake
-from deltabus.partitions import MAX_PARTITIONS, Layout
+from deltabus.partitions import MAX_PARTITIONS, PARTITIONERS, Layout, partition_of
 
 # Bytes per message of the data files as deltabus writes them (Snappy, dictionaries only
 # where they pay; docs/design.md): 1.23 MB per 125k input rows, 1.89 MB per 125k unified.
@@ -79,32 +83,48 @@ def measure(
     rate: float,
     interval_s: float,
     seconds: float,
+    partitioner: str = "sticky",
 ) -> StoreCost:
-    """Commit every table of `partitions` partitions once per interval (concurrently, as the
-    producer's and the ETL's commit threads do) for `seconds`, and account the store's CPU."""
+    """Commit the tables of every partition the partitioner gives rows, once per interval
+    (concurrently, as the producer's and the ETL's commit threads do) for `seconds`, and
+    account the store's CPU."""
     run = uuid.uuid4().hex[:8]
-    per_input = rate / 2 / partitions * interval_s  # messages in one input-table commit
-    input_data = os.urandom(max(1, int(per_input * INPUT_BYTES_PER_ROW)))
-    unified_data = os.urandom(max(1, int(2 * per_input * UNIFIED_BYTES_PER_ROW)))
+    layout = Layout(partitions, partitioner)
+    window = max(1, round(rate * interval_s))  # messages per commit window, both streams
+    noise = os.urandom(int(window * UNIFIED_BYTES_PER_ROW) + 1)  # sliced for every file
     log_entry = b"{" + b"x" * (LOG_ENTRY_BYTES - 2) + b"}"
-    layout = Layout(partitions)
-    tables = [(f"{run}/{t}", input_data) for t in layout.input_tables]
-    tables += [(f"{run}/{t}", unified_data) for t in layout.unified_tables]
+    versions: dict[str, int] = {}
     intervals = max(1, round(seconds / interval_s))
-    with ThreadPoolExecutor(max_workers=len(tables)) as pool:
+    commits = 0
+    with ThreadPoolExecutor(max_workers=3 * partitions) as pool:
         before, start = process_cpu_s(store_pid), time.monotonic()
         for v in range(intervals):
             delay = start + v * interval_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            futures = [pool.submit(_commit, store, t, d, log_entry, v) for t, d in tables]
+            index = np.arange(v * window, (v + 1) * window, dtype=np.int64)
+            counts = np.bincount(partition_of(run, index, layout, window), minlength=partitions)
+            work = []
+            for p in np.flatnonzero(counts):
+                n = int(counts[p])
+                # Each stream gets about half the rows; the unified table all of them.
+                inputs = layout.inputs_of(int(p))
+                work += [(t, max(1, int(n / 2 * INPUT_BYTES_PER_ROW))) for t in inputs]
+                work.append((layout.unified_of(int(p)), max(1, int(n * UNIFIED_BYTES_PER_ROW))))
+            futures = []
+            for table, size in work:
+                version = versions.get(table, -1) + 1
+                versions[table] = version
+                futures.append(
+                    pool.submit(_commit, store, f"{run}/{table}", noise[:size], log_entry, version)
+                )
             for f in futures:
                 f.result()
+            commits += len(work)
         elapsed, after = time.monotonic() - start, process_cpu_s(store_pid)
     if before is None or after is None:
         raise RuntimeError(f"the object store's process {store_pid} is gone")
     cpu = after - before
-    commits = intervals * len(tables)
     return StoreCost(partitions, rate, commits, commits * REQUESTS_PER_COMMIT, elapsed, cpu)
 
 
@@ -132,6 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interval-ms", type=int, default=100, help="commit interval")
     parser.add_argument("--seconds", type=float, default=30, help="measured window per run")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the layouts")
+    parser.add_argument(
+        "--partitioner",
+        choices=PARTITIONERS,
+        default="sticky",
+        help="which partitions get a window's rows: sticky (one per window, the default "
+        "for new lakes) or hash (every partition, every window)",
+    )
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.interval_ms <= 0 or args.seconds <= 0 or args.repeats < 1:
         parser.error("--rate, --interval-ms and --seconds must be positive, --repeats at least 1")
@@ -143,7 +170,13 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.repeats):
             for p in args.partitions:
                 c = measure(
-                    store, pids["minio"], p, args.rate, args.interval_ms / 1e3, args.seconds
+                    store,
+                    pids["minio"],
+                    p,
+                    args.rate,
+                    args.interval_ms / 1e3,
+                    args.seconds,
+                    args.partitioner,
                 )
                 base.setdefault(r, c.cpu_s_per_million_msgs)
                 over = c.cpu_s_per_million_msgs / base[r] - 1
