@@ -8,6 +8,7 @@ stored as a Delta table and the plots are real PNGs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -157,7 +158,6 @@ def kafka_ready() -> bool:
     return libs.returncode == 0
 
 
-@pytest.mark.skipif(not kafka_ready(), reason="needs Java 17 and `platform/kafka.sh fetch`")
 def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
     """Two partitions per stream, two ETL processes splitting them: every message seen
     once through the consumer of both unified partitions, each ETL's CPU reported, and
@@ -207,6 +207,7 @@ def test_backlog_drain_takes_one_of_two_etl_processes_down(
     assert "backlog drain (term): ETL process 0 (of 2) down" in (out / "report.md").read_text()
 
 
+@pytest.mark.skipif(not kafka_ready(), reason="needs Java 17 and `platform/kafka.sh fetch`")
 def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
     """The same workload over a real Kafka broker and Pathway's Kafka connectors."""
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
@@ -216,6 +217,61 @@ def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
     result = run_cli(args, lake_env(lake), tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     check_report(out, ("kafka",), 2000, 6000)
+
+
+def test_layouts_alternate_and_compare_within_rounds(minio: MinioServer, tmp_path: Path) -> None:
+    """`--layouts 1x1,2x2 --rounds 2`: four real runs, the second round in the opposite
+    order, and each 2x2 ratio taken over the 1x1 run of its own round."""
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "3", "--warmup", "1", "--grace", "15"]
+    args += ["--layouts", "1x1,2x2", "--rounds", "2", "--out", str(out), "--no-local-minio"]
+    result = run_cli(args, lake_env(lake), tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "# Layouts compared: 2 rounds, base 1x1" in result.stdout
+    summary = json.loads((out / "layouts.json").read_text())
+    assert summary["order"] == [["1x1", "2x2"], ["2x2", "1x1"]]
+
+    def detail(round_no: int, p: int) -> dict:
+        path = out / f"round{round_no}-p{p}n{p}" / "runs" / "delta-2000.json"
+        return json.loads(path.read_text())
+
+    started = {(r, p): detail(r, p)["schedule_start_ms"] for r in (1, 2) for p in (1, 2)}
+    assert started[(1, 1)] < started[(1, 2)] < started[(2, 2)] < started[(2, 1)]
+    assert detail(2, 2)["partitions"] == 2 and detail(2, 2)["etl_processes"] == 2
+
+    def cores(round_no: int, p: int) -> float:
+        return sum(detail(round_no, p)["cost"]["cpu_pct_of_one_core"].values()) / 100
+
+    base, two = summary["rows"]
+    assert (base["layout"], two["layout"]) == ("1x1", "2x2")
+    assert base["over_base"] is None and base["lost"] == 0 and two["lost"] == 0
+    assert two["cores"] == pytest.approx([cores(1, 2), cores(2, 2)])
+    ratios = [cores(r, 2) / cores(r, 1) - 1 for r in (1, 2)]
+    assert two["over_base"] == pytest.approx(ratios)
+    assert two["over_base_mean"] == pytest.approx(sum(ratios) / 2)
+    assert {"etl", "etl 1", "minio", "producer"} <= set(two["cpu_s_per_million_msgs"])
+    assert "| 2,000 | 2x2 |" in (out / "layouts.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--layouts", "1x1"], "at least two layouts"),
+        (["--layouts", "1x1,2by2"], "is not PARTITIONSxPROCESSES"),
+        (["--layouts", "1x1,2x3"], "--etl-processes must be 1..2"),
+        (["--layouts", "1x1,2x2", "--partitions", "2"], "not both"),
+        (["--layouts", "1x1,2x2", "--backlog-drain", "5", "--duration", "40"], "--backlog-drain"),
+        (["--layouts", "1x1,2x2", "--rounds", "0"], "--rounds must be at least 1"),
+    ],
+)
+def test_layouts_refused_before_any_run(tmp_path: Path, extra: list[str], message: str) -> None:
+    env = {**os.environ, "DELTABUS_ENV_FILE": "/dev/null"}
+    out = tmp_path / "out"
+    result = run_cli(["bench", "--out", str(out), "--no-local-minio", *extra], env, tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert not list(out.glob("round*"))
 
 
 def test_options() -> None:

@@ -25,7 +25,8 @@ HELP = (
     "Examples:\n\n"
     "deltabus bench --rates 10000,30000 --duration 30 --warmup 5 --profile 100ms\n\n"
     "deltabus bench --rates 10000 --backbone both --out bench-out\n\n"
-    "deltabus bench --rates 10000 --duration 60 --backlog-drain 10"
+    "deltabus bench --rates 10000 --duration 60 --backlog-drain 10\n\n"
+    "deltabus bench --rates 10k,150k --layouts 1x1,2x2,4x2 --rounds 3 --out layouts-out"
 )
 
 
@@ -75,6 +76,18 @@ def bench(
         int,
         typer.Option(help="ETL processes splitting the partitions (1..partitions)."),
     ] = 1,
+    layouts: Annotated[
+        str | None,
+        typer.Option(
+            help="Compare partition layouts PxN (partitions x ETL processes), e.g. "
+            "1x1,2x2,4x2: each of --rounds rounds runs every layout once, in the opposite "
+            "order to the round before, and each layout's CPU is compared with the first "
+            "layout's of the same round, so the machine's drift over the session cancels. "
+            "Writes layouts.md and layouts.json in --out, each run's report in "
+            "round<R>-p<P>n<N>/. Instead of --partitions/--etl-processes.",
+        ),
+    ] = None,
+    rounds: Annotated[int, typer.Option(help="--layouts: rounds over all layouts.")] = 3,
     producer_mode: Annotated[
         str,
         typer.Option(
@@ -182,6 +195,9 @@ def bench(
         serve=serve.strip().lower() if serve else None,
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
+    if layouts is not None:
+        _compare_layouts(config, layouts, rounds, local_minio=local_minio, progress=progress)
+        return
     report = run(config, cli.settings(), local_minio=local_minio, show_progress=progress)
     errors = report.pop("errors", [])
     if cli.state.as_json:
@@ -202,6 +218,57 @@ def bench(
 
 
 bench.__doc__ = HELP
+
+
+def _compare_layouts(
+    config, text: str, rounds: int, *, local_minio: bool | None, progress: bool
+) -> None:
+    """--layouts: the alternating comparison (deltabus.bench.layouts), printed as a table."""
+    from deltabus import cli_state as cli
+    from deltabus.bench.layouts import compare, parse_layouts
+    from deltabus.errors import ConfigError
+
+    layouts = parse_layouts(text)
+    if (config.partitions, config.etl_processes) != (1, 1):
+        raise ConfigError("give either --layouts or --partitions/--etl-processes, not both")
+    scenario = [
+        name
+        for name, on in (
+            ("--backbone kafka", "kafka" in config.backbones),
+            ("--backlog-drain", config.backlog_drain > 0),
+            ("--soak", config.soak),
+            ("--serve", config.serve is not None),
+        )
+        if on
+    ]
+    if scenario:
+        raise ConfigError(
+            f"--layouts compares the steady cost of Delta layouts; {', '.join(scenario)} "
+            "is not part of that",
+            "run the scenario with --partitions P --etl-processes N instead",
+        )
+    settings = cli.settings()
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    summary = compare(
+        config,
+        layouts,
+        rounds,
+        lambda cfg: run(cfg, settings, local_minio=local_minio, show_progress=progress),
+        log=log,
+    )
+    errors = summary.pop("errors")
+    if cli.state.as_json:
+        print(__import__("json").dumps(summary))
+    else:
+        print((config.out / "layouts.md").read_text().rstrip())
+        print(f"\nsummary: {config.out / 'layouts.md'}  (layouts.json; each run in {config.out})")
+    if errors:
+        for e in errors:
+            print(f"deltabus bench: error: {e}", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 def run(config, settings, *, local_minio: bool | None = None, show_progress: bool = True) -> dict:
