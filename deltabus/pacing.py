@@ -17,7 +17,9 @@ are:
   first poll in four misses, whatever the clock skew between writer and tail or the time
   a commit takes to land, so a tail that keeps up costs about 1.3 GETs per commit
   (pacing by its own hits: 2.2). The gap comes from the writer's timestamps however the
-  commits were found, except across a pause.
+  commits were found, except across a pause; two gaps in a row under half the average
+  replace it (the average spanned the writer's start, a table created seconds before its
+  first rows), and the aim is taken again.
   Without timestamps it sleeps most of the gap measured between its own hits;
 - a table that has gone quiet is polled less and less often, up to `idle_poll` (the
   settings' `DELTABUS_IDLE_POLL_MS`), which bounds both the idle cost and how late the
@@ -38,6 +40,9 @@ SAFETY_POLL_S = 10.0
 WAIT_SLICE_S = 0.25
 # The writer's gap is an average over about this many commits.
 GAP_WEIGHT = 0.2
+# Gaps under this part of the average, twice in a row, replace it: the average spanned
+# the writer's start or a pause, not its pace.
+SHORT_GAP = 0.5
 # Without writer timestamps, polls start this much of the gap early: commit times jitter.
 EARLY = 0.25
 # With them, a first poll that misses aims the next AIM_UP_S later, one that finds its
@@ -61,7 +66,9 @@ class Pacer:
         self.watch = self.notifier.watch(table) if self.notifier is not None else None
         self.gap: float | None = None  # the writer's mean seconds between commits
         self._last_hit: float | None = None
+        self._last_look: float | None = None  # when the last poll went out (monotonic)
         self._last_commit_ms: float | None = None  # the writer's timestamp of the last commit
+        self._short = 0  # gaps in a row under SHORT_GAP of the average
         # Seconds after a commit's due time (its writer's timestamp + gap) at which the
         # first poll for it goes out; it absorbs clock skew and the time to land.
         self.aim: float | None = None
@@ -90,6 +97,9 @@ class Pacer:
         """A poll found `versions` new commits (0: a miss); `commit_ms` is the writer's
         timestamp (ms since the epoch) of the newest one, when its commit info has one."""
         now = time.monotonic()
+        # The newest commit found landed between the look before this one and this one.
+        since = now - self._last_look if self._last_look is not None else self.poll_interval
+        self._last_look = now
         if versions == 0:
             repeat = self._missed and not self._idle  # missed this commit before
             self._missed = True
@@ -108,7 +118,7 @@ class Pacer:
             self._due = now + self._delay
             return
         if commit_ms:
-            self._found_stamped(now, versions, commit_ms)
+            self._found_stamped(versions, commit_ms, since)
         else:
             self._found_unstamped(now, versions)
         self._last_hit, self._idle, self._missed = now, False, False
@@ -125,19 +135,37 @@ class Pacer:
             return True
         return time.time() >= commit_ms / 1000 + self.gap + self.aim
 
-    def _update_gap(self, gap: float) -> None:
-        if gap > 0:
-            self.gap = gap if self.gap is None else self.gap + GAP_WEIGHT * (gap - self.gap)
+    def _update_gap(self, gap: float, versions: int = 1) -> bool:
+        """Average `gap` (seconds per commit over `versions` commits) into the writer's gap;
+        True when it replaced the average instead.
+
+        The first gap a tail measures often spans the writer's start: a partition table
+        created seconds before its first rows, then committing every 0.4 s. Averaged
+        down, 1.7 s took 25-40 commits to approach 0.4 s, and all the while the tail
+        looked too late, found every commit at the first look, and moved its aim ever
+        earlier, so it then missed 2-3 polls a commit for as long again (a pacing
+        simulation, and 40-60 polls a second that found nothing at 4 partitions)."""
+        if gap <= 0:
+            return False
+        if self.gap is None:
+            self.gap = gap
+            return False
+        self._short = self._short + versions if gap < SHORT_GAP * self.gap else 0
+        if self._short >= 2:
+            self.gap, self._short = gap, 0
+            return True
+        self.gap += GAP_WEIGHT * (gap - self.gap)
+        return False
 
     def _found_unstamped(self, now: float, versions: int) -> None:
         """Pace by when our own polls found commits: most of a gap from now."""
         if self._last_hit is not None and not self._idle:
-            self._update_gap((now - self._last_hit) / versions)
+            self._update_gap((now - self._last_hit) / versions, versions)
         ahead = (self.gap or 0.0) * (1 - EARLY)
         self._delay = min(self.idle_poll, max(self.poll_interval, ahead))
         self._aimed, self._last_commit_ms = False, None
 
-    def _found_stamped(self, now: float, versions: int, commit_ms: float) -> None:
+    def _found_stamped(self, versions: int, commit_ms: float, since: float) -> None:
         """Aim the next poll at when the writer's next commit should land (module doc)."""
         wall = time.time()
         if self._last_commit_ms is not None:
@@ -147,16 +175,20 @@ class Pacer:
             # poll intervals (1000 ms commits): every commit then cost ten misses.
             gap = (commit_ms - self._last_commit_ms) / 1000 / versions
             if not self._idle or self.gap is None or gap <= 2 * self.gap:
-                self._update_gap(gap)
+                if self._update_gap(gap, versions):
+                    self.aim = None  # learnt against the wrong gap: taken again below
         self._last_commit_ms = commit_ms
         if self.gap is None:  # one commit seen: nothing to aim at yet
             self._delay, self._aimed = self.poll_interval, False
             return
         if self.aim is None:
             self._step, self._settled = AIM_DOWN_S, False
-            # First aim: when we saw this one, less half a poll (it landed before we looked).
-            # Late rather than early: a late aim comes down in a few commits (below).
-            self.aim = wall - commit_ms / 1000 - self.poll_interval / 2
+            # First aim: when we saw this one, less half the time since the look before
+            # (it landed in between), and at most half a gap: it is the newest commit of
+            # a writer committing every gap. A tail that backed off or slept through
+            # several commits would otherwise take its own lateness, up to half a second
+            # at 1000 ms, for the landing, and read the next ten commits that late.
+            self.aim = wall - commit_ms / 1000 - min(since, self.gap) / 2
         elif self._aimed and versions == 1 and self._missed:
             # The first look missed: later by AIM_UP_S, twice as far after each such miss
             # in a row, by at most a tenth of the gap. One late commit moves the aim
