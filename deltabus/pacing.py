@@ -144,7 +144,7 @@ class Pacer:
         down, 1.7 s took 25-40 commits to approach 0.4 s, and all the while the tail
         looked too late, found every commit at the first look, and moved its aim ever
         earlier, so it then missed 2-3 polls a commit for as long again (a pacing
-        simulation, and 40-60 polls a second that found nothing at 4 partitions)."""
+        simulation; 47-65 polls a second that found nothing at 4 partitions and 100 ms)."""
         if gap <= 0:
             return False
         if self.gap is None:
