@@ -96,7 +96,7 @@ def summarise(layouts: tuple[Layout, ...], results: list[dict[str, Any]]) -> dic
     rates: list[int] = []
     for res in results:
         for run in res["runs"]:
-            runs[(tuple(res["layout"]), run["rate"], res["round"])] = run
+            runs[(res["layout"], run["rate"], res["round"])] = run
             if run["rate"] not in rates:
                 rates.append(run["rate"])
     rounds = sorted({res["round"] for res in results})
@@ -104,12 +104,10 @@ def summarise(layouts: tuple[Layout, ...], results: list[dict[str, Any]]) -> dic
     for rate in rates:
         for layout in layouts:
             mine = [runs.get((layout, rate, r)) for r in rounds]
-            theirs = [runs.get((base, rate, r)) for r in rounds]
             cores = [_cores(m) for m in mine]
+            base_cores = [_cores(runs.get((base, rate, r))) for r in rounds]
             ratios = [
-                c / _cores(b) - 1
-                for c, b in zip(cores, theirs, strict=True)
-                if c is not None and b is not None and _cores(b)
+                c / b - 1 for c, b in zip(cores, base_cores, strict=True) if c is not None and b
             ]
             done = [m for m in mine if m is not None]
             rows.append(
