@@ -40,6 +40,7 @@ import obstore
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 from deltabus import __version__
@@ -152,6 +153,7 @@ class TableAppender:
         self.store = lake.object_store
         self._version = dt.version()
         self._txns: dict[str, int] = {}  # app transactions committed after `dt`'s version
+        self._base: dict[str, int | None] = {}  # app transactions as of `dt`'s version
         # Told about every version this appender writes or reads, with its actions.
         self.checkpointer: BackgroundCheckpointer | None = None
         self.protocol, self.metadata = _state_of(dt)
@@ -167,15 +169,37 @@ class TableAppender:
         return self._version
 
     def transaction_version(self, app_id: str) -> int | None:
+        """The newest version of `app_id` in the table as far as this appender has read."""
         seen = self._txns.get(app_id)
-        base = self.dt.transaction_version(app_id)
+        base = self._base_transaction(app_id)
         if seen is None:
             return base
         return seen if base is None else max(seen, base)
 
+    def _base_transaction(self, app_id: str) -> int | None:
+        """`app_id`'s version in `dt`, read through the handle once and then remembered.
+
+        The handle is pinned at the version it was loaded at, and delta-rs replays that
+        version's log files on every read. Another process's log cleanup may have removed
+        them (a checkpoint made them expendable); the table is then loaded afresh from its
+        newest checkpoint, whose versions are newer and so still correct lower bounds.
+        """
+        if app_id in self._base:
+            return self._base[app_id]
+        try:
+            value = self.dt.transaction_version(app_id)
+        except DeltaError as exc:
+            log.info("reloading %s: its handle's log files are unreadable (%s)", self.table, exc)
+            self.dt = self.lake.open(self.table)
+            self._base.clear()
+            value = self.dt.transaction_version(app_id)
+        self._base[app_id] = value
+        return value
+
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Commit infos newest first (delta-rs, from a handle brought up to date)."""
         self.dt.update_incremental()
+        self._base.clear()
         return self.dt.history(limit)
 
     # -- reading what other writers committed -------------------------------------------
@@ -188,7 +212,7 @@ class TableAppender:
         if not self.fast:
             before = self._version
             self.dt.update_incremental()
-            self._version, self._txns = self.dt.version(), {}
+            self._version, self._txns, self._base = self.dt.version(), {}, {}
             return self._version - before
         landed = 0
         while True:
@@ -296,7 +320,7 @@ class TableAppender:
             checkpointer=r.checkpointer,
             fence=fence,
         )
-        self._version, self._txns = self.dt.version(), {}
+        self._version, self._txns, self._base = self.dt.version(), {}, {}
         return landed
 
     def _fast_append_once(self, r: _Append) -> bool:
