@@ -37,13 +37,23 @@ REJECTS_SCHEMA = pa.schema(
 
 # Change data feed lets readers fetch exactly the rows each version added (and nothing
 # for compaction commits), which is how the ETL and consumers tail a table.
-TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+# Write-serializable: another writer's delete, update or merge does not conflict with our
+# blind appends (commitInfo.isBlindAppend), so it commits while the stream runs; under
+# delta-rs' default, Serializable, every append in between fails it. delta-rs (through
+# delta-kernel) reads only this camelCase spelling, and ignores "WriteSerializable";
+# Delta Spark reads either (docs/adr/0001-write-serializable-tables.md).
+ISOLATION_LEVEL = "writeSerializable"
+TABLE_CONFIGURATION = {
+    "delta.enableChangeDataFeed": "true",
+    "delta.isolationLevel": ISOLATION_LEVEL,
+}
 
 META_PREFIX = "deltabus."
 
 
 def table_configuration(lake: Lake) -> dict[str, str]:
-    """Properties of tables deltabus creates: change data feed, and the log retention."""
+    """Properties of tables deltabus creates: change data feed, write-serializable
+    isolation, and the log retention."""
     config = dict(TABLE_CONFIGURATION)
     retention = lake.settings.log_retention_s
     if retention:
