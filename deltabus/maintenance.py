@@ -1,4 +1,5 @@
-"""Lake maintenance: compact small files, checkpoint the log, vacuum old files.
+"""Lake maintenance: compact small files, checkpoint the log, clean up expired log files,
+vacuum old files.
 
 Safe during streaming: compaction commits carry no new data (readers of the change
 data feed get no rows from them), and vacuum only removes files older than the
@@ -39,6 +40,9 @@ def maintain_table(lake: Lake, table: str, retention_hours: float) -> TableMaint
     metrics = retry_storage(lambda: dt.optimize.compact(), what=f"compact {table}")
     retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
     checkpoint = dt.version()
+    # Log files older than the table's delta.logRetentionDuration and behind the
+    # checkpoint; live writers and tails reload from the checkpoint when they need to.
+    retry_storage(dt.cleanup_metadata, what=f"clean up the log of {table}")
     vacuumed = retry_storage(
         lambda: dt.vacuum(
             retention_hours=int(retention_hours),
