@@ -1,4 +1,15 @@
-"""Shared fixtures: a real MinIO on a free loopback port, and lakes on MinIO or local disk."""
+"""Shared fixtures: a real MinIO on a free loopback port, and lakes on MinIO or local disk.
+
+The suite never reads the user's settings: at import, every variable `Settings` reads
+(DELTABUS_*, MINIO_S3_* and the other names of its fields), AWS_* variables and the
+service directory are removed from this process's environment, DELTABUS_ENV_FILE names
+an empty file (so no `./.env` is read, here or in a child inheriting this environment),
+and DAGSTER_HOME is a directory of this session. Each test and each child process it
+starts gets its settings from its fixtures alone. Variables that steer the tests
+themselves stay, e.g. DELTABUS_TEST_POSTGRES_DSN (an existing PostgreSQL, tests/pg_fixture.py),
+DELTABUS_RETRY_MAX_WAIT_S, DELTABUS_MINIO_BIN, DELTABUS_CACHE, DELTABUS_CHAOS_*,
+DELTABUS_SPARK_REQUIRED, DELTABUS_PYTEST_HARD_EXIT, CI.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +18,72 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import AliasChoices
 
 from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer, build_minio, find_minio
 from deltabus.processes import LAKE_ENV_PREFIXES, apply_process_defaults, child_env
-from deltabus.settings import Settings
+from deltabus.service import SERVICE_DIR_VAR
+from deltabus.settings import ENV_FILE_VAR, Settings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"
 pytest_plugins = ["tests.pg_fixture"]
+# Settings variables the tests read as their own controls, not as the lake's settings.
+TEST_CONTROLS = frozenset({"DELTABUS_RETRY_MAX_WAIT_S"})
 
+
+def settings_variables() -> frozenset[str]:
+    """The names (upper case) of every environment variable `Settings` reads.
+
+    pydantic-settings matches names case-insensitively, so callers compare upper case.
+    """
+    prefix = str(Settings.model_config.get("env_prefix", ""))
+    names: set[str] = set()
+    for field, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(str(choice).upper() for choice in alias.choices)
+        elif isinstance(alias, str):
+            names.add(alias.upper())
+        else:
+            names.add(f"{prefix}{field}".upper())
+    return frozenset(names)
+
+
+def user_setting(name: str) -> bool:
+    """True for a variable that configures a lake, a store or a service state directory."""
+    upper = name.upper()
+    if upper in TEST_CONTROLS:
+        return False
+    return (
+        upper in settings_variables()
+        or upper.startswith(("MINIO_S3_", "AWS_"))
+        or upper in (ENV_FILE_VAR, SERVICE_DIR_VAR)
+    )
+
+
+def _isolate_environment() -> Path:
+    """Drop the user's settings from os.environ; returns this session's directory."""
+    for name in [k for k in os.environ if user_setting(k)]:
+        del os.environ[name]
+    session = Path(tempfile.mkdtemp(prefix="deltabus-tests-"))
+    home = session / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ[SERVICE_DIR_VAR] = str(session / "service")
+    os.environ[ENV_FILE_VAR] = os.devnull
+    return session
+
+
+SESSION_DIR = _isolate_environment()
 apply_process_defaults()
 os.environ.setdefault("DELTABUS_RETRY_MAX_WAIT_S", "60")
 
@@ -86,10 +148,14 @@ def lake_env(lake: Lake) -> dict[str, str]:
 
 
 def clear_lake_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Remove every lake setting and credential from this process's environment."""
+    """Remove every lake setting and credential from this process's environment.
+
+    DELTABUS_ENV_FILE stays an empty file: `load_settings()` reads no `./.env`.
+    """
     for key in list(os.environ):
-        if key.startswith(LAKE_ENV_PREFIXES):
+        if key.startswith(LAKE_ENV_PREFIXES) or user_setting(key):
             monkeypatch.delenv(key)
+    monkeypatch.setenv(ENV_FILE_VAR, os.devnull)
 
 
 def use_lake_env(monkeypatch: pytest.MonkeyPatch, lake: Lake) -> None:
@@ -119,6 +185,7 @@ _exit_status: list[int] = []
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _exit_status.append(int(exitstatus))
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

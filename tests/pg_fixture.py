@@ -1,8 +1,10 @@
-"""A real PostgreSQL for the tests: DELTABUS_POSTGRES_DSN, else a local server on loopback.
+"""A real PostgreSQL for the tests: DELTABUS_TEST_POSTGRES_DSN, else a local server on loopback.
 
 The local server is Debian's PostgreSQL (initdb + postgres) in a temporary directory on a
 free 127.0.0.1 port with a random password (deltabus.local_postgres). In CI a missing
-PostgreSQL is a failure, never a skip.
+PostgreSQL is a failure, never a skip. The serving setting DELTABUS_POSTGRES_DSN is never
+read here (tests/conftest.py removes it): a user's server is used only when named by
+DELTABUS_TEST_POSTGRES_DSN.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import pytest
 from deltabus.local_postgres import PostgresServer, find_bindir
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+TEST_DSN_VAR = "DELTABUS_TEST_POSTGRES_DSN"
 
 
 @dataclass
 class Postgres:
     dsn: str  # holds the password: pass it to children's environments only
-    server: PostgresServer | None  # None: an existing server named by DELTABUS_POSTGRES_DSN
+    server: PostgresServer | None  # None: an existing server named by TEST_DSN_VAR
 
 
 def require_postgres_binaries() -> None:
@@ -30,13 +33,13 @@ def require_postgres_binaries() -> None:
         message = "the PostgreSQL server (initdb, postgres) is not installed"
         if IN_CI:
             pytest.fail(f"PostgreSQL is required in CI: {message} (apt-get install postgresql)")
-        pytest.skip(f"{message}; install postgresql or set DELTABUS_POSTGRES_DSN")
+        pytest.skip(f"{message}; install postgresql or set {TEST_DSN_VAR}")
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
     """One PostgreSQL for the whole session (tests use their own table names)."""
-    dsn = os.environ.get("DELTABUS_POSTGRES_DSN")
+    dsn = os.environ.get(TEST_DSN_VAR)
     if dsn:
         yield Postgres(dsn, None)
         return

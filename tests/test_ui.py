@@ -118,10 +118,12 @@ def webserver(minio, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     port = free_port()
     log = (tmp / "dagster-dev.log").open("w")
+    # Outside the repository: Dagster's CLI loads ./.env over the environment, and a
+    # developer's .env (written by `make demo`) would point the UI's processes elsewhere.
     proc = subprocess.Popen(
         [sys.executable, "-m", "dagster", "dev", "-h", "127.0.0.1", "-p", str(port)]
-        + ["-w", "workspace.yaml"],
-        cwd=REPO,
+        + ["-w", str(REPO / "workspace.yaml")],
+        cwd=tmp,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
