@@ -30,7 +30,8 @@ def test_asset_serves_and_checks_tell_when_it_is_behind(
 ) -> None:
     use_lake_env(monkeypatch, minio_lake)
     writer = UnifiedWriter(minio_lake)
-    writer.commit([(f"m{i}", float(i), 1) for i in range(50)])
+    # A message holding a NUL character is served and checked like any other.
+    writer.commit([(f"m{i}", float(i), 1) for i in range(50)] + [("nul\x00m", 50.0, 1)])
     version = writer.commit([("m0", 0.0, -1), ("m1", 1.0, -1), ("m1", 1.25, 1)])
     resources = {
         "lake": LakeResource(),
@@ -41,7 +42,7 @@ def test_asset_serves_and_checks_tell_when_it_is_behind(
     result = materialize(everything, resources=resources)
     assert result.success
     meta = metadata(result)
-    assert meta["dagster/row_count"] == 49 and meta["version"] == version
+    assert meta["dagster/row_count"] == 50 and meta["version"] == version
     assert meta["lag_s"] >= 0 and meta["unified_version"] == version
     assert postgres.dsn not in str(meta) and "password" not in str(meta)
     assert all(e.passed for e in checks(result).values()), checks(result)
@@ -62,7 +63,7 @@ def test_asset_serves_and_checks_tell_when_it_is_behind(
     assert found["served_lag_within_limit"].metadata["versions_behind"].value == 1
 
     caught_up = materialize(everything, resources=resources)
-    assert caught_up.success and metadata(caught_up)["dagster/row_count"] == 50
+    assert caught_up.success and metadata(caught_up)["dagster/row_count"] == 51
     assert all(e.passed for e in checks(caught_up).values())
     assert caught_up.get_asset_check_evaluations()[0].asset_key == AssetKey(SERVED_ASSET)
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
+from deltabus.errors import ConfigError
 from deltabus.fast_append import TableAppender
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.local_minio import free_port
@@ -34,7 +36,7 @@ from deltabus.serving import pg
 from deltabus.serving.compare import compare, served, served_position
 from deltabus.serving.sink import PostgresSink, ServeConfig
 from deltabus.serving.target import POSITION_TABLE, PostgresTarget
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table
+from deltabus.tables import INPUT_SCHEMA, TABLE_CONFIGURATION, UNIFIED_SCHEMA, ensure_table
 from tests.conftest import lake_env, run_cli
 from tests.helpers import assert_exactly_once, etl_process, wait_for_file
 from tests.pg_fixture import Postgres
@@ -240,10 +242,28 @@ def test_retractions_and_updates_reach_the_served_table(lake: Lake, postgres: Po
     last = writer.commit([("e", 5.0, -1), ("f", 7.0, 1)])  # e: in and out within one run
     second = serve_once(lake, postgres.dsn, table)
     assert second.version == last and second.versions == 3 and second.transactions == 1
-    assert content(postgres.dsn, table) == {"a": 1.5, "c": 3.0, "d": 4.0, "f": 7.0}
+    assert content(postgres.dsn, table) == {
+        "a": 1.5,
+        "c": 3.0,
+        "d": 4.0,
+        "f": 7.0,
+        "nul\x00message": 6.0,
+    }
     assert second.rows_deleted == 2  # b, and a's old row
-    assert second.rows_skipped_nul == 1  # PostgreSQL text cannot hold a NUL
-    assert_served_equals_unified(lake, postgres.dsn, table, rows=4)
+    assert second.rows_escaped == 1 and second.rows_skipped_nul == 0
+    assert "rows_skipped_nul" not in second.as_dict()
+    assert_served_equals_unified(lake, postgres.dsn, table, rows=5)
+
+    # A message holding a NUL is updated, then deleted, like any other.
+    writer.commit([("nul\x00message", 6.0, -1), ("nul\x00message", 6.5, 1)])
+    serve_once(lake, postgres.dsn, table)
+    assert content(postgres.dsn, table)["nul\x00message"] == 6.5
+    assert_served_equals_unified(lake, postgres.dsn, table, rows=5)
+    writer.commit([("nul\x00message", 6.5, -1), ("nul\x00message-2", 8.0, 1)])
+    last = writer.commit([("nul\x00message-2", 8.0, -1), ("g", 9.0, 1)])
+    serve_once(lake, postgres.dsn, table)
+    assert content(postgres.dsn, table) == {"a": 1.5, "c": 3.0, "d": 4.0, "f": 7.0, "g": 9.0}
+    assert_served_equals_unified(lake, postgres.dsn, table, rows=5)
 
     # Nothing new: a run applies nothing and leaves the position where it was.
     again = serve_once(lake, postgres.dsn, table)
@@ -252,8 +272,96 @@ def test_retractions_and_updates_reach_the_served_table(lake: Lake, postgres: Po
     # A fresh sink loads the same content from a snapshot of the net content.
     other = table_name()
     fresh = serve_once(lake, postgres.dsn, other)
-    assert fresh.snapshot_rows == 4 and fresh.version == last
+    assert fresh.snapshot_rows == 5 and fresh.version == last
     assert content(postgres.dsn, other) == content(postgres.dsn, table)
+
+
+# Messages holding a NUL character (valid UTF-8 the ETL delivers) and NUL-free messages that
+# read like a NUL message's stored form, or hold JSON's special characters.
+NUL_MESSAGES = ["nul\x00inside", "\x00", "\x00\x00 twice \x00"]
+LOOKALIKES = [json.dumps("nul\x00inside"), '"\\u0000"', 'quote " back\\slash \\u0000']
+
+
+def write_input_rows(lake: Lake, messages: list[str]) -> None:
+    """`messages` appended to timezone1 as another Delta writer would, one valid date each."""
+    ensure_table(lake, "timezone1", INPUT_SCHEMA)
+    rows = pa.table(
+        {"date": ["2026-11-21 10:00:00.000000 +0100"] * len(messages), "message": messages},
+        schema=INPUT_SCHEMA,
+    )
+    write_deltalake(
+        lake.uri("timezone1"),
+        rows,
+        mode="append",
+        storage_options=lake.storage_options,
+        configuration=TABLE_CONFIGURATION,
+    )
+
+
+def produce_and_transform(lake: Lake, env: dict[str, str], cwd: Path, run: str) -> None:
+    """A producer run after the rows written so far, then the ETL (its own process) until
+    that run is finished."""
+    Producer(lake, ProducerConfig(rate=2000, count=300, commit_interval=0.05, run_id=run)).run()
+    etl = run_cli(["etl", "--mode", "bounded", "--until-run", run], env, cwd, timeout=300)
+    assert etl.returncode == 0, etl.stderr[-3000:]
+
+
+def serve_cli(env: dict[str, str], cwd: Path, table: str) -> dict:
+    result = run_cli(["--json", "serve", "postgres", "--once", "--table", table], env, cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_messages_with_a_nul_character_are_served_through_the_pipeline(
+    minio_lake: Lake, postgres: Postgres, tmp_path: Path
+) -> None:
+    """Input rows -> the ETL -> timezone_unified -> `deltabus serve postgres`, all real
+    processes: a message holding a NUL is served, and read back as it is."""
+    env = lake_env(minio_lake) | {"DELTABUS_POSTGRES_DSN": postgres.dsn}
+    table = table_name()
+    write_input_rows(minio_lake, [NUL_MESSAGES[0], *LOOKALIKES])
+    produce_and_transform(minio_lake, env, tmp_path, "nul-a")
+    first = serve_cli(env, tmp_path, table)  # a fresh sink: the snapshot
+    assert first["rows_escaped"] == 1 and "rows_skipped_nul" not in first, first
+    assert first["served_rows"] == first["unified_net_rows"] == 300 + 1 + len(LOOKALIKES)
+
+    write_input_rows(minio_lake, NUL_MESSAGES[1:])
+    produce_and_transform(minio_lake, env, tmp_path, "nul-b")
+    second = serve_cli(env, tmp_path, table)  # the commits after it
+    assert second["rows_escaped"] == len(NUL_MESSAGES) - 1, second
+    assert second["served_rows"] == second["unified_net_rows"], second
+
+    unified = assert_exactly_once(minio_lake, expected=600 + len(NUL_MESSAGES + LOOKALIKES))
+    served_now = content(postgres.dsn, table)
+    for message in NUL_MESSAGES + LOOKALIKES:
+        assert message in set(unified["message"]), message
+        assert message in served_now, message
+    assert_served_equals_unified(minio_lake, postgres.dsn, table, rows=unified.height)
+    con = pg.connect(postgres.dsn)
+    with con.cursor() as cur:  # what a reader of the table sees: no NUL, a flag to decode by
+        cur.execute(f"SELECT message FROM {table} WHERE message_escaped ORDER BY message")
+        stored = [row[0] for row in cur.fetchall()]
+    con.close()
+    assert stored == sorted(json.dumps(m, ensure_ascii=False) for m in NUL_MESSAGES)
+
+
+def test_a_served_table_without_message_escaped_is_refused(
+    minio_lake: Lake, postgres: Postgres
+) -> None:
+    UnifiedWriter(minio_lake).commit([("x", 1.0, 1)])
+    table = table_name()
+    con = pg.connect(postgres.dsn)
+    con.autocommit = True
+    with con.cursor() as cur:
+        cur.execute(
+            f"""CREATE TABLE {table} (message text NOT NULL PRIMARY KEY,
+                "timestamp" double precision NOT NULL, "time" bigint NOT NULL,
+                version bigint NOT NULL)"""
+        )
+    con.close()
+    with pytest.raises(ConfigError, match="no message_escaped column") as raised:
+        serve_once(minio_lake, postgres.dsn, table)
+    assert f"sink = '{table}'" in raised.value.hint
 
 
 def test_exactly_once_across_sink_sigkills(

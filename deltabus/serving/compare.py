@@ -2,8 +2,8 @@
 
 The unified side is DuckDB over the Delta table (`timezone_unified_net`, deltabus.duck);
 the served side is read with COPY ... TO STDOUT (DuckDB's postgres extension cannot be
-downloaded offline). Messages holding a NUL character are left out of the unified side:
-PostgreSQL text cannot hold them, and the sink counts and logs them instead.
+downloaded offline), each message given back from its stored form (a message holding a
+NUL character is stored escaped, deltabus.serving.target), so every message is compared.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import polars as pl
 from deltabus.duck import UNIFIED_NET_VIEW, lake_connection
 from deltabus.lake import UNIFIED_TABLE, Lake
 from deltabus.serving import pg
-from deltabus.serving.target import POSITION_TABLE, check_table_name
+from deltabus.serving.target import POSITION_TABLE, check_table_name, message_text
 
 EXAMPLES = 10
 
@@ -30,8 +30,7 @@ def unified_net(lake: Lake) -> pl.DataFrame:
                 schema={"message": pl.String, "timestamp": pl.Float64, "copies": pl.Int64}
             )
         return con.sql(
-            f'SELECT message, "timestamp", diff AS copies FROM "{UNIFIED_NET_VIEW}" '
-            "WHERE diff > 0 AND strpos(message, chr(0)) = 0"
+            f'SELECT message, "timestamp", diff AS copies FROM "{UNIFIED_NET_VIEW}" WHERE diff > 0'
         ).pl()
     finally:
         con.close()
@@ -43,30 +42,39 @@ def unified_net_count(lake: Lake) -> int:
 
 
 def served(dsn: str, table: str) -> pl.DataFrame:
-    """message, timestamp, time, version of every row of the served table."""
+    """message, timestamp, time, version of every row of the served table; `message` is
+    the message itself, whatever form it is stored in."""
     con = pg.connect(dsn)
     try:
         buffer = io.BytesIO()
         with con.cursor() as cur:
             cur.copy_expert(
-                f'COPY (SELECT message, "timestamp", "time", version FROM '
+                f'COPY (SELECT message, message_escaped, "timestamp", "time", version FROM '
                 f"{check_table_name(table)}) TO STDOUT WITH (FORMAT csv)",
                 buffer,
             )
         con.rollback()
     finally:
         con.close()
-    return pl.read_csv(
+    rows = pl.read_csv(
         io.BytesIO(buffer.getvalue()),
         has_header=False,
-        new_columns=["message", "timestamp", "time", "version"],
+        new_columns=["message", "message_escaped", "timestamp", "time", "version"],
         schema_overrides={
             "message": pl.String,
+            "message_escaped": pl.String,
             "timestamp": pl.Float64,
             "time": pl.Int64,
             "version": pl.Int64,
         },
     )
+    escaped = rows["message_escaped"] == "t"
+    if escaped.any():
+        plain = rows.filter(~escaped)
+        held = rows.filter(escaped)
+        texts = [message_text(m, True) for m in held["message"]]
+        rows = pl.concat([plain, held.with_columns(message=pl.Series(texts, dtype=pl.String))])
+    return rows.drop("message_escaped")
 
 
 def served_position(dsn: str, sink: str) -> dict[str, Any] | None:

@@ -10,13 +10,19 @@ twice, nothing skipped. A second sink of the same name finds the position moved,
 starts again from it instead of writing over it.
 
 Rows go in through COPY into a temporary staging table, then one DELETE (retractions)
-and one INSERT ... ON CONFLICT (message) DO UPDATE (insertions): a few statements per
-transaction, whatever the number of rows.
+and one INSERT ... ON CONFLICT (message, message_escaped) DO UPDATE (insertions): a few
+statements per transaction, whatever the number of rows.
+
+Every message is served. PostgreSQL text cannot hold a NUL character, so a message that
+holds one is stored as its JSON string literal with `message_escaped` true (`message_text`
+gives it back); every other message is stored as it is, with `message_escaped` false.
+The key is the pair, so an escaped form never meets a message that reads the same.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 import time
@@ -37,11 +43,15 @@ DEFAULT_TABLE = "served_unified"
 TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 SERVED_COLUMNS = {
     "message": "text",
+    "message_escaped": "boolean",
     "timestamp": "double precision",
     "time": "bigint",
     "version": "bigint",
 }
-STAGE_COLUMNS = ("message", "timestamp", "time", "version", "diff")
+# A served table laid out without `message_escaped`, which cannot hold a message with a NUL.
+UNESCAPED_COLUMNS = {k: v for k, v in SERVED_COLUMNS.items() if k != "message_escaped"}
+STAGE_COLUMNS = ("message", "message_escaped", "timestamp", "time", "version", "diff")
+NUL = "\x00"
 
 
 def check_table_name(name: str) -> str:
@@ -54,27 +64,47 @@ def check_table_name(name: str) -> str:
     return name
 
 
-def net_changes(rows: pa.Table | None) -> tuple[pl.DataFrame, int]:
+def escape_message(message: str) -> str:
+    """The stored form of a message holding a NUL: its JSON string literal (no NUL)."""
+    return json.dumps(message, ensure_ascii=False)
+
+
+def message_text(stored: str, escaped: bool) -> str:
+    """The message a served row stands for (the inverse of the stored form)."""
+    return json.loads(stored) if escaped else stored
+
+
+def storable(changes: pl.DataFrame) -> pl.DataFrame:
+    """`changes` with each message in the form PostgreSQL text holds (STAGE_COLUMNS)."""
+    nul = changes["message"].str.contains(NUL, literal=True).fill_null(False)
+    plain = changes.filter(~nul).with_columns(message_escaped=pl.lit(False))
+    if not nul.any():
+        return plain.select(STAGE_COLUMNS)
+    held = changes.filter(nul)
+    escaped = held.with_columns(
+        message=pl.Series([escape_message(m) for m in held["message"]], dtype=pl.String),
+        message_escaped=pl.lit(True),
+    )
+    return pl.concat([plain, escaped]).select(STAGE_COLUMNS)
+
+
+def net_changes(rows: pa.Table | None) -> pl.DataFrame:
     """What a run of unified rows (in version order) changes in the served table.
 
     Per (message, timestamp) the diffs are summed: a row inserted and retracted within
     the run changes nothing. What is left is a retraction (diff -1: delete the message's
     row if it holds that timestamp) or an insertion (diff +1: the message's row becomes
-    this one; the latest version wins). Returns the changes (STAGE_COLUMNS) and the
-    number of messages skipped because PostgreSQL text cannot hold a NUL character.
+    this one; the latest version wins). Returns the changes (STAGE_COLUMNS), every
+    message in its stored form.
     """
     empty = pl.DataFrame(
-        schema={"message": pl.String, "timestamp": pl.Float64, "time": pl.Int64}
-        | {"version": pl.Int64, "diff": pl.Int64}
+        schema={"message": pl.String, "message_escaped": pl.Boolean}
+        | {"timestamp": pl.Float64, "time": pl.Int64, "version": pl.Int64, "diff": pl.Int64}
     )
     if rows is None or rows.num_rows == 0:
-        return empty, 0
+        return empty
     frame = pl.from_arrow(rows)
     assert isinstance(frame, pl.DataFrame)
-    nul = frame["message"].str.contains("\x00", literal=True)
-    skipped = int(nul.sum())
-    if skipped:
-        frame = frame.filter(~nul)
     net = (
         frame.group_by("message", "timestamp")
         .agg(
@@ -98,7 +128,7 @@ def net_changes(rows: pa.Table | None) -> tuple[pl.DataFrame, int]:
         pl.col("version").cast(pl.Int64),
         pl.col("diff").cast(pl.Int64),
     )
-    return changes, skipped
+    return storable(changes)
 
 
 class PositionMovedError(Exception):
@@ -114,6 +144,7 @@ class Applied:
     inserted: int
     deleted: int
     committed_ms: float
+    escaped: int = 0  # of the rows inserted, those holding a NUL (stored escaped)
 
 
 class PostgresTarget:
@@ -171,7 +202,9 @@ class PostgresTarget:
                       updated_at timestamptz NOT NULL DEFAULT now())"""
             )
             cur.execute(
-                sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY (message))").format(t, cols)
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY (message, message_escaped))"
+                ).format(t, cols)
             )
             cur.execute(
                 sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (version)").format(
@@ -205,8 +238,8 @@ class PostgresTarget:
                 )
             cur.execute(
                 f"""CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} (
-                      message text, "timestamp" double precision, "time" bigint,
-                      version bigint, diff bigint) ON COMMIT DELETE ROWS"""
+                      message text, message_escaped boolean, "timestamp" double precision,
+                      "time" bigint, version bigint, diff bigint) ON COMMIT DELETE ROWS"""
             )
         self.con.commit()
 
@@ -217,6 +250,13 @@ class PostgresTarget:
             (self.table,),
         )
         found = dict(cur.fetchall())
+        if found == UNESCAPED_COLUMNS:
+            raise ConfigError(
+                f"{self.describe()} has no message_escaped column, so it cannot hold "
+                "messages with a NUL character, and any such message is missing from it",
+                f"drop it and delete its row in {POSITION_TABLE} (sink = '{self.sink}'); "
+                "the next start loads the unified table's net content afresh",
+            )
         if found != SERVED_COLUMNS:
             raise ConfigError(
                 f"{self.describe()} exists with other columns ({found}) than a served table "
@@ -254,7 +294,7 @@ class PostgresTarget:
         from psycopg2 import sql
 
         t = sql.Identifier(self.table)
-        inserted = deleted = 0
+        inserted = deleted = escaped = 0
         try:
             with self.con.cursor() as cur:
                 cur.execute(
@@ -271,29 +311,36 @@ class PostgresTarget:
                     changes.select(STAGE_COLUMNS).write_csv(buffer, include_header=False)
                     buffer.seek(0)
                     cur.copy_expert(
-                        f'COPY {STAGE_TABLE} (message, "timestamp", "time", version, diff) '
-                        "FROM STDIN WITH (FORMAT csv)",
+                        f"COPY {STAGE_TABLE} (message, message_escaped, "
+                        '"timestamp", "time", version, diff) FROM STDIN WITH (FORMAT csv)',
                         buffer,
                     )
                     if (changes["diff"] < 0).any():
                         cur.execute(
                             sql.SQL(
                                 "DELETE FROM {} s USING {} d WHERE d.diff < 0 "
-                                'AND s.message = d.message AND s."timestamp" = d."timestamp"'
+                                "AND s.message = d.message "
+                                "AND s.message_escaped = d.message_escaped "
+                                'AND s."timestamp" = d."timestamp"'
                             ).format(t, sql.Identifier(STAGE_TABLE))
                         )
                         deleted = cur.rowcount
                     if (changes["diff"] > 0).any():
                         cur.execute(
                             sql.SQL(
-                                'INSERT INTO {} (message, "timestamp", "time", version) '
-                                'SELECT message, "timestamp", "time", version FROM {} '
-                                "WHERE diff > 0 ON CONFLICT (message) DO UPDATE SET "
+                                "INSERT INTO {} "
+                                '(message, message_escaped, "timestamp", "time", version) '
+                                'SELECT message, message_escaped, "timestamp", "time", version '
+                                "FROM {} WHERE diff > 0 "
+                                "ON CONFLICT (message, message_escaped) DO UPDATE SET "
                                 '"timestamp" = EXCLUDED."timestamp", "time" = EXCLUDED."time", '
                                 "version = EXCLUDED.version"
                             ).format(t, sql.Identifier(STAGE_TABLE))
                         )
                         inserted = cur.rowcount
+                        escaped = int(
+                            changes.filter((pl.col("diff") > 0) & pl.col("message_escaped")).height
+                        )
                 cur.execute(
                     f"UPDATE {POSITION_TABLE} SET version = %s, source_commit_ms = %s, "
                     "updated_at = now() WHERE sink = %s",
@@ -308,4 +355,4 @@ class PostgresTarget:
             except Exception:  # noqa: BLE001 - the connection may be gone: so is the txn
                 pass
             raise
-        return Applied(inserted, deleted, time.time() * 1000)
+        return Applied(inserted, deleted, time.time() * 1000, escaped)
