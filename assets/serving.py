@@ -60,7 +60,7 @@ def served_unified(
             "rows_upserted": report.rows_upserted,
             "rows_deleted": report.rows_deleted,
             "snapshot_rows": report.snapshot_rows,
-            "rows_skipped_nul": report.rows_skipped_nul,
+            "rows_escaped": report.rows_escaped,
             "postgres": postgres.describe(),
         }
     )

@@ -68,11 +68,6 @@ class ServeReport:
     lag_s: float = 0.0  # unified commit -> visible in PostgreSQL, for the last transaction
     elapsed_s: float = 0.0
 
-    @property
-    def rows_skipped_nul(self) -> int:
-        """Always 0: no message is left out (see `rows_escaped`)."""
-        return 0
-
     def as_dict(self) -> dict:
         return asdict(self)
 
