@@ -64,6 +64,7 @@ spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delt
 	$(UV) sync --frozen --python 3.11 --group spark --inexact
 	bash platform/spark.sh fetch
 	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q tests/test_spark_interop.py \
+	  tests/test_spark_log_cleanup.py \
 	  tests/test_checkpoint_writer.py::test_spark_reads_a_checkpoint_from_memory
 
 chaos: venv minio-bin  ## a 10-minute seeded chaos soak (SIGKILLs, MinIO restarts, second ETLs); SEED=n
