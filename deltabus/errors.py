@@ -1,5 +1,10 @@
 """One error type for everything a user can fix, so the CLI prints it as one clear line."""
 
+from __future__ import annotations
+
+import re
+import sys
+
 
 class DeltabusError(Exception):
     """A problem the user can fix: `str()` says what is wrong, `hint` says how to fix it."""
@@ -22,8 +27,10 @@ class StorageError(DeltabusError):
 
 
 # Storage failures no retry can cure: the user must free space, grant access or point
-# deltabus elsewhere. Matched (lower-cased) in the text of any exception of a chain, since
-# delta-rs, object_store, boto3 and Pathway report them as text inside their own errors.
+# deltabus elsewhere. Told by errno and by botocore's error code where an exception has
+# them; otherwise matched as whole tokens (case-insensitive) in the text of any exception
+# of a chain, since delta-rs, object_store and Pathway report them only as text inside
+# their own errors (S3 error codes, strerror() phrases, Rust's "(os error N)").
 _READ_ONLY = ("read-only file system", "readonlyfilesystem", "(os error 30)", "erofs")
 _DISK_FULL = (
     "no space left on device",
@@ -101,7 +108,35 @@ _USER_STORAGE_FAILURES: tuple[tuple[tuple[int, ...], tuple[str, ...], str, str],
 )
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def _tokens(markers: tuple[str, ...]) -> re.Pattern[str]:
+    """A pattern finding any of `markers` as a whole token: not inside a longer word."""
+    alternatives = [
+        ("\\b" if m[0].isalnum() else "") + re.escape(m) + ("\\b" if m[-1].isalnum() else "")
+        for m in markers
+    ]
+    return re.compile("|".join(alternatives), re.IGNORECASE)
+
+
+_PATTERNS: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+def _found(markers: tuple[str, ...], text: str) -> bool:
+    if not markers:
+        return False
+    if (pattern := _PATTERNS.get(markers)) is None:
+        pattern = _PATTERNS[markers] = _tokens(markers)
+    return pattern.search(text) is not None
+
+
+def _code(exc: BaseException) -> str:
+    """The error code an exception carries as data (botocore's S3 answer), else ""."""
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None and isinstance(exc, boto.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
     """`exc` and every exception it was raised from or during (causes, contexts, groups)."""
     seen: list[BaseException] = []
     todo = [exc]
@@ -127,17 +162,18 @@ def user_storage_error(exc: BaseException, where: str = "") -> DeltabusError | N
     exception chain of `exc` (read-only or full storage, access denied, ...); None when
     nothing in the chain is one. `where` names the lake, for the message.
     """
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     for e in chain:
         if isinstance(e, DeltabusError):
             return e
     at = f" ({where})" if where else ""
     for e in chain:
-        text = f"{type(e).__name__}: {e}".lower()
+        text = f"{type(e).__name__}: {e}"
         errno = getattr(e, "errno", None)
+        code = _code(e)
         for errnos, markers, problem, hint in _USER_STORAGE_FAILURES:
-            if errno in errnos or any(m in text for m in markers):
-                if markers is _DISK_FULL and any(m in text for m in _OBJECT_STORE_ANSWER):
+            if errno in errnos or code.lower() in markers or _found(markers, text):
+                if markers is _DISK_FULL and _found(_OBJECT_STORE_ANSWER, text):
                     # The object store ran out of disk ("no space left on device" in
                     # its answer): its drives need room, not our local root.
                     _, _, problem, hint = _STORE_FULL
