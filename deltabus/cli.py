@@ -190,6 +190,11 @@ class EtlMode(StrEnum):
     continuous = "continuous"
 
 
+class CorruptFileAction(StrEnum):
+    stop = "stop"
+    skip = "skip"
+
+
 @app.command()
 def etl(
     mode: Annotated[
@@ -229,6 +234,15 @@ def etl(
         int, typer.Option(help="ETL processes sharing the partitions (1..P).")
     ] = 1,
     partitions: PartitionsOption = None,
+    on_corrupt_file: Annotated[
+        CorruptFileAction,
+        typer.Option(
+            help="An input data file that cannot be read as Parquet (corrupt, truncated): "
+            "stop (exit 2 naming the table, version and file; nothing of that version is "
+            "written, positions stay) or skip it (logged, counted as skipped_files in the "
+            "report; its rows never reach timezone_unified).",
+        ),
+    ] = CorruptFileAction.stop,
 ) -> None:
     """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
     from deltabus.etl.pipeline import EtlConfig, run_etl
@@ -244,6 +258,7 @@ def etl(
         process=process,
         processes=processes,
         partitions=partitions,
+        on_corrupt_file=on_corrupt_file.value,
     )
     lk = lake(write=True)
     report = run_etl(lk, config, ready_file=ready_file)

@@ -13,10 +13,13 @@ that version is returned); partition columns are rebuilt from the log and column
 is honoured; a commit that deletes or updates rows yields them as retractions (`_diff`
 -1) from its change data files, its deletion vectors or its removed files, and a commit
 whose changes cannot be told from the log (files removed from a table without change
-data feed) raises `ChangeWithoutCdfError`, or is skipped when asked to. Files added with
-`dataChange: false` (compaction) carry no new rows and are skipped, exactly as the
-change data feed does. A plain append costs what it always did: one GET of the commit
-and one read per added file.
+data feed) raises `ChangeWithoutCdfError`, or is skipped when asked to. A data file
+that cannot be read as Parquet (corrupt, truncated, not Parquet) raises
+`UnreadableFileError` naming the table, the version and the file, or is left out (logged
+and counted) when asked to; a storage outage while reading one is raised as it is, for
+the caller's retries. Files added with `dataChange: false` (compaction) carry no new
+rows and are skipped, exactly as the change data feed does. A plain append costs what
+it always did: one GET of the commit and one read per added file.
 """
 
 from __future__ import annotations
@@ -43,14 +46,35 @@ from deltabus.delta_protocol import (
     plan_changes,
     snapshot_at,
 )
-from deltabus.errors import StorageError
+from deltabus.errors import DeltabusError, StorageError, user_storage_error
 from deltabus.lake import Lake
+from deltabus.retry import is_transient
 
 log = logging.getLogger(__name__)
 
 # A tail that finds no next commit checks this often whether it was expired instead: a
 # reader that lagged past the log retention (days) learns it within half a minute.
 EXPIRY_CHECK_S = 30.0
+
+
+class UnreadableFileError(InputTableError):
+    """A file an input commit added cannot be read as Parquet: corrupt, truncated or not
+    Parquet at all."""
+
+
+def unreadable(exc: BaseException) -> bool:
+    """True when reading a file failed because of the file's bytes: pyarrow's and
+    Parquet's errors (`ArrowException`, an `OSError` such as "Couldn't deserialize
+    thrift"), not an outage, a missing file or a storage failure a user must fix."""
+    if not isinstance(exc, pa.ArrowException | OSError) or isinstance(exc, FileNotFoundError):
+        return False
+    return not is_transient(exc) and user_storage_error(exc) is None
+
+
+def _reason(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @dataclass
@@ -80,7 +104,10 @@ class DeltaLogTail:
 
     `columns` limits the logical columns read. With `skip_change_commits`, a commit
     whose deleted rows cannot be told from the log is skipped whole (counted in
-    `skipped_change_commits`) instead of raising `ChangeWithoutCdfError`.
+    `skipped_change_commits`) instead of raising `ChangeWithoutCdfError`. With
+    `skip_corrupt_files`, a file that cannot be read as Parquet is left out of its
+    commit's rows (logged, and counted once per version and file in `skipped_files`)
+    instead of raising `UnreadableFileError`.
     """
 
     def __init__(
@@ -90,6 +117,7 @@ class DeltaLogTail:
         columns: list[str] | None = None,
         *,
         skip_change_commits: bool = False,
+        skip_corrupt_files: bool = False,
     ) -> None:
         self.table = table
         self.columns = columns
@@ -100,6 +128,9 @@ class DeltaLogTail:
         self.files = TableFiles(self.fs, self.path, table, store, table)
         self.skip_change_commits = skip_change_commits
         self.skipped_change_commits = 0
+        self.skip_corrupt_files = skip_corrupt_files
+        self.skipped_files = 0
+        self._skipped: set[tuple[int, str]] = set()  # (version, path) counted already
         self.state: TableState | None = None  # in force before version `_next`
         self._next: int | None = None
         self._expiry_checked = 0.0
@@ -265,16 +296,20 @@ class DeltaLogTail:
 
     def rows(self, commit: Commit) -> pa.Table | None:
         """The rows `commit` changed: data columns, `_diff` (+1 inserted, -1 deleted),
-        `_commit_version` and `_commit_timestamp`; None when it changed none."""
+        `_commit_version` and `_commit_timestamp`; None when it changed none.
+
+        Raises `UnreadableFileError` for a file that cannot be read as Parquet (unless
+        skipping those); then nothing of this version is returned.
+        """
         where = f"{self.table} version {commit.version}"
-        parts: list[pa.Table] = []
+        parts: list[pa.Table | None] = []
         if commit.reread is not None:
             parts.extend(self._reread(commit, where))
         if commit.parts:
             assert commit.state is not None
             for part in commit.parts:
-                parts.append(self.files.part_rows(commit.state, part, where, self.columns))
-        parts = [p for p in parts if p.num_rows]
+                parts.append(self._part_rows(commit.state, part, commit.version))
+        parts = [p for p in parts if p is not None and p.num_rows]
         if not parts:
             return None
         table = concat(parts)
@@ -296,7 +331,45 @@ class DeltaLogTail:
             pa.array(np.full(n, commit.timestamp_ms, np.int64)).cast(pa.timestamp("ms")),
         )
 
-    def _reread(self, commit: Commit, where: str) -> list[pa.Table]:
+    def _part_rows(self, state: TableState, part: FilePart, version: int) -> pa.Table | None:
+        """The rows of one part; None for an unreadable file that is skipped."""
+        where = f"{self.table} version {version}"
+        try:
+            return self.files.part_rows(state, part, where, self.columns)
+        except DeltabusError:
+            raise
+        except Exception as exc:
+            if not unreadable(exc):
+                raise
+            path = str(part.action.get("path"))
+            kind = "change data file" if part.kind == "cdc" else "data file"
+            if not self.skip_corrupt_files:
+                raise UnreadableFileError(
+                    f"{where}: {kind} {path} cannot be read as Parquet (corrupt, truncated "
+                    f"or not Parquet): {_reason(exc)}",
+                    "replace the file with an intact copy, or remove it from the table with "
+                    f"a new commit (e.g. restore {self.table} to version {version - 1}); "
+                    "or start the ETL with --on-corrupt-file skip to leave such "
+                    "files out (each is logged and counted as skipped_files in the ETL "
+                    "report; its rows never reach timezone_unified). The ETL stopped "
+                    "before this version and wrote nothing of it; its position in "
+                    f"{self.table} is kept, so the next start resumes right here",
+                ) from None
+            if (version, path) not in self._skipped:
+                self._skipped.add((version, path))
+                self.skipped_files += 1
+                log.warning(
+                    "%s: %s %s skipped (--on-corrupt-file skip): it cannot be read as "
+                    "Parquet (%s); its rows are left out; %d file(s) skipped so far",
+                    where,
+                    kind,
+                    path,
+                    _reason(exc),
+                    self.skipped_files,
+                )
+            return None
+
+    def _reread(self, commit: Commit, where: str) -> list[pa.Table | None]:
         """Every live row as read before the schema change (retracted) and after it
         (inserted again): rows whose reading did not change cancel out."""
         before, changed = commit.reread  # type: ignore[misc]
@@ -317,14 +390,8 @@ class DeltaLogTail:
         out = []
         for action in snapshot.files.values():
             dv = action.get("deletionVector")
+            out.append(self._part_rows(before, FilePart("live", action, -1, dv=dv), commit.version))
             out.append(
-                self.files.part_rows(
-                    before, FilePart("live", action, -1, dv=dv), where, self.columns
-                )
-            )
-            out.append(
-                self.files.part_rows(
-                    commit.state, FilePart("live", action, 1, dv=dv), where, self.columns
-                )
+                self._part_rows(commit.state, FilePart("live", action, 1, dv=dv), commit.version)
             )
         return out

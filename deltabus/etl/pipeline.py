@@ -43,6 +43,8 @@ from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 log = logging.getLogger(__name__)
 
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
+# What the ETL does with an input data file that cannot be read as Parquet.
+CORRUPT_FILE_ACTIONS = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class EtlConfig:
     # Partitions per stream when the lake has no layout yet (an ETL started before its
     # producer); None: the lake's layout.
     partitions: int | None = None
+    # An input data file that cannot be read as Parquet: "stop" (exit 2 naming the table,
+    # the version and the file; nothing of that version is written) or "skip" (the file
+    # is left out, logged and counted in `EtlReport.skipped_files`).
+    on_corrupt_file: str = "stop"
 
     def __post_init__(self) -> None:
         check_interval(self.commit_interval, "commit interval")
@@ -72,6 +78,12 @@ class EtlConfig:
             raise ConfigError(f"threads must be 1..64, got {self.threads}")
         if self.expected_producers < 1:
             raise ConfigError("expected producers must be at least 1")
+        if self.on_corrupt_file not in CORRUPT_FILE_ACTIONS:
+            raise ConfigError(
+                f"on corrupt file must be one of {', '.join(CORRUPT_FILE_ACTIONS)}, "
+                f"got {self.on_corrupt_file!r}",
+                "use --on-corrupt-file stop (the default) or --on-corrupt-file skip",
+            )
 
 
 @dataclass
@@ -86,6 +98,7 @@ class EtlReport:
     resumed_from: dict[str, int]
     retractions: int = 0  # rows an input lost (delete, update), written with diff -1
     skipped_change_commits: int = 0  # input commits skipped by DELTABUS_SKIP_CHANGE_COMMITS
+    skipped_files: int = 0  # unreadable input data files left out (--on-corrupt-file skip)
     partitions: list[int] = field(default_factory=lambda: [0])  # the partitions it owned
 
     def as_dict(self) -> dict:
@@ -176,6 +189,7 @@ def _partition_flow(
             on_start=mark_ready,
             finished_runs=finished.get(source, set()),
             skip_change_commits=lake.settings.skip_change_commits,
+            skip_corrupt_files=config.on_corrupt_file == "skip",
         )
         for source in inputs
     ]
@@ -249,6 +263,14 @@ def run_etl(
         previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     os.environ["PATHWAY_THREADS"] = str(config.threads)
     tune_gc_for_streaming()
+
+    def not_echoed(record: logging.LogRecord) -> bool:
+        """Pathway logs a failed connector's error; the one an input tail raised is
+        raised from here instead, and told once."""
+        return record.levelno < logging.ERROR or all(s.error is None for s in subjects)
+
+    connectors_log = logging.getLogger("pathway_engine.connectors")
+    connectors_log.addFilter(not_echoed)
     started = time.monotonic()
     ticker.start()
     try:
@@ -257,11 +279,13 @@ def run_etl(
     except Exception as exc:
         # A connector thread failed: raise its own error (a DeltabusError tells the user
         # what to fix), not Pathway's wrapper around it.
-        failed = next((k.error for k in sinks if k.error is not None), None)
+        errors = [k.error for k in sinks] + [s.error for s in subjects]
+        failed = next((e for e in errors if e is not None), None)
         if failed is not None and failed is not exc:
             raise failed from None
         raise
     finally:
+        connectors_log.removeFilter(not_echoed)
         ticker.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -283,4 +307,5 @@ def run_etl(
         partitions=owned,
         retractions=sum(s.stats.retractions for s in subjects),
         skipped_change_commits=sum(s.stats.skipped_change_commits for s in subjects),
+        skipped_files=sum(s.stats.skipped_files for s in subjects),
     )

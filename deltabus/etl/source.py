@@ -10,9 +10,10 @@ updated, diff -1) travel in that one row, so they reach the unified table in the
 commit.
 
 Inputs written by other Delta writers are read as the protocol says; a version the tail
-cannot read correctly (unsupported reader feature, rows deleted without change data)
-raises a `DeltabusError` from this thread before anything of it is sent, so the ETL
-stops and the position stays before it.
+cannot read correctly (unsupported reader feature, rows deleted without change data, a
+data file that cannot be read as Parquet) raises a `DeltabusError` from this thread
+before anything of it is sent, so the ETL stops and the position stays before it; the
+subject keeps that error in `error`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class SourceStats:
     finished_runs: set[str] = field(default_factory=set)
     retractions: int = 0  # rows sent with diff -1 (deleted or updated in the input)
     skipped_change_commits: int = 0  # DELTABUS_SKIP_CHANGE_COMMITS
+    skipped_files: int = 0  # unreadable data files left out (--on-corrupt-file skip)
 
 
 class DeltaTailSubject(pw.io.python.ConnectorSubject):
@@ -93,6 +95,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         finished_runs: set[str] | None = None,
         skip_change_commits: bool = False,
         until_runs: frozenset[str] = frozenset(),
+        skip_corrupt_files: bool = False,
     ) -> None:
         super().__init__(datasource_name=f"delta:{table}")
         self.lake = lake
@@ -115,8 +118,12 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         # The last input version sent to Pathway: the ticker commits until the sink has
         # seen it.
         self.sent_version = start_version - 1
+        # The problem that stopped this tail (see the module docstring), else None.
+        self.error: DeltabusError | None = None
         # Skip input commits that remove rows without change data (Settings).
         self.skip_change_commits = skip_change_commits
+        # Leave out data files that cannot be read as Parquet (--on-corrupt-file skip).
+        self.skip_corrupt_files = skip_corrupt_files
 
     @property
     def _deletions_enabled(self) -> bool:
@@ -157,11 +164,23 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         return False
 
     def run(self) -> None:
+        try:
+            self._run()
+        except DeltabusError as exc:
+            self.error = exc
+            raise
+
+    def _run(self) -> None:
         if self.on_start:
             self.on_start()
         if not self._wait_for_table():
             return
-        tail = DeltaLogTail(self.lake, self.table, skip_change_commits=self.skip_change_commits)
+        tail = DeltaLogTail(
+            self.lake,
+            self.table,
+            skip_change_commits=self.skip_change_commits,
+            skip_corrupt_files=self.skip_corrupt_files,
+        )
         # The protocol and schema in force where we resume: an unsupported one stops here.
         retry_storage(
             lambda: tail.start(self.next_version), what=f"read the protocol of {self.table}"
@@ -174,6 +193,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
             if commits:
                 self._emit(tail, commits)
+                self.stats.skipped_files = tail.skipped_files
             if refused is not None:
                 raise refused  # the versions before it are sent; nothing of it is
             if len(commits) == self.max_versions_per_read:
@@ -275,7 +295,8 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         return valid.to_arrow(compat_level=ARROW_COMPAT)
 
     def _emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
-        """Validate the commits' rows and send one Pathway row per version."""
+        """Validate the commits' rows and send one Pathway row per version; a version
+        whose rows the tail refuses raises before any of the commits is sent."""
         parts = [
             rows
             for c in commits
