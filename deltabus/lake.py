@@ -71,6 +71,11 @@ class Lake:
             "AWS_S3_ADDRESSING_STYLE": "path",
             "connect_timeout": "5s",
             "timeout": "30s",
+            # Few, short request retries (delta-rs' own are 10 over up to 180 s): an
+            # outage is waited out by `retry_storage`, which keeps the budget and honours a
+            # stop, as with the obstore store below.
+            "max_retries": "2",
+            "retry_timeout": "10s",
         }
         if s.minio_endpoint.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"

@@ -113,9 +113,12 @@ def metadata(**values: Any) -> dict[str, str]:
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
-    """Another writer took the version we tried to commit: re-check and try again."""
-    text = str(exc).lower()
-    return isinstance(exc, CommitFailedError) or "version" in text and "already exists" in text
+    """Another writer took the version we tried to commit: re-check and try again.
+
+    delta-rs raises `CommitFailedError` for a lost version (its log store's conditional
+    PUT or rename failed) and for a conflict with the commits in between.
+    """
+    return isinstance(exc, CommitFailedError)
 
 
 def append_once(
