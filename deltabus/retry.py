@@ -114,8 +114,11 @@ _ERRNO = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
 _LIBPQ_GONE = re.compile(
     r"\b(?:Connection refused|Connection reset by peer|Connection timed out|"
     r"server closed the connection unexpectedly|could not receive data from server|"
-    r"could not send data to server|no connection to the server|"
-    r"the database system is (?:starting up|shutting down|in recovery mode))\b"
+    r"could not send data to server|no connection to the server|timeout expired|"
+    r"SSL connection has been closed unexpectedly|sorry, too many clients already|"
+    r"terminating connection due to administrator command|"
+    r"the database system is (?:starting up|shutting down|in recovery mode|"
+    r"not yet accepting connections))\b"
 )
 
 

@@ -14,70 +14,57 @@ import re
 from typing import Any
 
 from deltabus.errors import ConfigError, DeltabusError
+from deltabus.retry import verdict
 
 APPLICATION_NAME = "deltabus-serve"
 CONNECT_TIMEOUT_S = 5
 
-# Text of libpq / server errors that an outage explains (lower-cased).
-_TRANSIENT = (
-    "connection refused",
-    "server closed the connection",
-    "terminating connection",
-    "the database system is starting up",
-    "the database system is shutting down",
-    "the database system is in recovery mode",
-    "the database system is not yet accepting connections",
-    "connection already closed",
-    "connection not open",
-    "could not receive data",
-    "could not send data",
-    "no connection to the server",
-    "ssl connection has been closed",
-    "timeout expired",
-    "connection timed out",
-    "connection reset",
-    "broken pipe",
-    "cannot connect now",
-    "too many connections",
+# Failures a user must fix, by SQLSTATE (the server's answer): problem, fix.
+_CREDENTIALS = (
+    "PostgreSQL rejected the credentials",
+    "check the user and password in DELTABUS_POSTGRES_DSN (or --dsn)",
 )
-# Server errors a user must fix: (regular expression, problem, fix).
-_USER_ERRORS = (
-    (
-        "password authentication failed",
-        "PostgreSQL rejected the credentials",
-        "check the user and password in DELTABUS_POSTGRES_DSN (or --dsn)",
-    ),
-    (
-        "no pg_hba.conf entry",
-        "PostgreSQL does not accept connections from this host/user (pg_hba.conf)",
-        "allow this client in the server's pg_hba.conf, or check DELTABUS_POSTGRES_DSN",
-    ),
-    (
-        r'(role|database) ".*" does not exist',
-        "PostgreSQL: the role or database does not exist",
-        "create it, or name an existing one in DELTABUS_POSTGRES_DSN",
-    ),
-    (
-        "permission denied",
-        "PostgreSQL denied the sink's user",
-        "grant the user CREATE on the schema (for the served and position tables) and "
-        "INSERT, UPDATE, DELETE, SELECT on them",
-    ),
-    (
-        "no space left on device|could not extend file|disk quota exceeded",
-        "PostgreSQL has no space left for the served table",
-        "free space on the PostgreSQL server's disk",
-    ),
-    (
-        "read-only transaction|recovery is in progress",
-        "PostgreSQL is read-only here (a standby?)",
-        "point DELTABUS_POSTGRES_DSN at the primary server",
-    ),
-    (
-        "could not translate host name",
-        "the PostgreSQL host name does not resolve",
-        "check the host in DELTABUS_POSTGRES_DSN",
-    ),
+_HBA = (
+    "PostgreSQL does not accept connections from this host/user (pg_hba.conf)",
+    "allow this client in the server's pg_hba.conf, or check DELTABUS_POSTGRES_DSN",
+)
+_MISSING = (
+    "PostgreSQL: the role or database does not exist",
+    "create it, or name an existing one in DELTABUS_POSTGRES_DSN",
+)
+_PRIVILEGE = (
+    "PostgreSQL denied the sink's user",
+    "grant the user CREATE on the schema (for the served and position tables) and "
+    "INSERT, UPDATE, DELETE, SELECT on them",
+)
+_FULL = (
+    "PostgreSQL has no space left for the served table",
+    "free space on the PostgreSQL server's disk",
+)
+_READ_ONLY = (
+    "PostgreSQL is read-only here (a standby?)",
+    "point DELTABUS_POSTGRES_DSN at the primary server",
+)
+_NO_HOST = (
+    "the PostgreSQL host name does not resolve",
+    "check the host in DELTABUS_POSTGRES_DSN",
+)
+_USER_SQLSTATES: dict[str, tuple[str, str]] = {
+    "28P01": _CREDENTIALS,  # invalid_password
+    "28000": _HBA,  # invalid_authorization_specification
+    "3D000": _MISSING,  # invalid_catalog_name
+    "42501": _PRIVILEGE,  # insufficient_privilege
+    "53100": _FULL,  # disk_full
+    "25006": _READ_ONLY,  # read_only_sql_transaction
+}
+# A failed connection carries no SQLSTATE in psycopg2, only libpq's message: whole phrases
+# as the server and libpq write them, tried in this order.
+_CONNECT_FAILURES = (
+    (re.compile(r"\bpassword authentication failed for user\b"), _CREDENTIALS),
+    (re.compile(r"\bno pg_hba\.conf entry for\b"), _HBA),
+    (re.compile(r'\b(?:role|database) "[^"]*" does not exist\b'), _MISSING),
+    (re.compile(r"\bpermission denied for\b"), _PRIVILEGE),
+    (re.compile(r"\bcould not translate host name\b"), _NO_HOST),
 )
 
 
@@ -127,24 +114,26 @@ def redact(text: str, dsn: str | None) -> str:
     return text
 
 
-def _message(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".lower()
+def _user_failure(exc: BaseException) -> tuple[str, str] | None:
+    """(problem, fix) when `exc` is a PostgreSQL failure a user must fix."""
+    code = getattr(exc, "pgcode", None)
+    if code:
+        return _USER_SQLSTATES.get(code)
+    text = str(exc)
+    return next((found for pattern, found in _CONNECT_FAILURES if pattern.search(text)), None)
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures a PostgreSQL outage explains (it will come back)."""
+    """True for failures a PostgreSQL outage explains (it will come back): by SQLSTATE
+    (connection exceptions, shutdown, starting up, too many connections, serialization),
+    else by libpq's own phrases for a server that went away (deltabus.retry.verdict)."""
     import psycopg2
 
-    if isinstance(exc, DeltabusError):
+    if isinstance(exc, DeltabusError) or not isinstance(exc, psycopg2.Error):
         return False
-    if not isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+    if _user_failure(exc) is not None:
         return False
-    text = _message(exc)
-    if any(re.search(pattern, text) for pattern, _, _ in _USER_ERRORS):
-        return False
-    return any(marker in text for marker in _TRANSIENT) or isinstance(
-        exc, psycopg2.errors.AdminShutdown | psycopg2.errors.CannotConnectNow
-    )
+    return bool(verdict(exc))
 
 
 def user_error(exc: BaseException, dsn: str) -> DeltabusError | None:
@@ -155,13 +144,13 @@ def user_error(exc: BaseException, dsn: str) -> DeltabusError | None:
         return exc
     if not isinstance(exc, psycopg2.Error):
         return None
-    text = _message(exc)
     where = describe(dsn)
     first = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else "", dsn)
-    for pattern, problem, fix in _USER_ERRORS:
-        if re.search(pattern, text):
-            return ConfigError(f"{problem} ({where}): {first}", fix)
-    if isinstance(exc, psycopg2.OperationalError) and any(m in text for m in _TRANSIENT):
+    failure = _user_failure(exc)
+    if failure is not None:
+        problem, fix = failure
+        return ConfigError(f"{problem} ({where}): {first}", fix)
+    if isinstance(exc, psycopg2.OperationalError) and verdict(exc):
         return DeltabusError(
             f"cannot reach {where}: {first}",
             "start PostgreSQL, or point DELTABUS_POSTGRES_DSN (or --dsn) at a running server",
