@@ -235,14 +235,16 @@ def etl(
     ] = 1,
     partitions: PartitionsOption = None,
     on_corrupt_file: Annotated[
-        CorruptFileAction,
+        CorruptFileAction | None,
         typer.Option(
             help="An input data file that cannot be read as Parquet (corrupt, truncated): "
             "stop (exit 2 naming the table, version and file; nothing of that version is "
             "written, positions stay) or skip it (logged, counted as skipped_files in the "
-            "report; its rows never reach timezone_unified).",
+            "report; its rows never reach timezone_unified). Default: "
+            "DELTABUS_ON_CORRUPT_FILE, else stop.",
+            show_default=False,
         ),
-    ] = CorruptFileAction.stop,
+    ] = None,
 ) -> None:
     """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
     from deltabus.etl.pipeline import EtlConfig, run_etl
@@ -258,7 +260,7 @@ def etl(
         process=process,
         processes=processes,
         partitions=partitions,
-        on_corrupt_file=on_corrupt_file.value,
+        on_corrupt_file=on_corrupt_file.value if on_corrupt_file else None,
     )
     lk = lake(write=True)
     report = run_etl(lk, config, ready_file=ready_file)

@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     # Input commits that remove rows without change data (copy-on-write deletes on a table
     # without CDF) are skipped, logged and counted instead of stopping the ETL.
     skip_change_commits: bool = False
+    # An input data file that cannot be read as Parquet: stop the ETL (exit 2) or skip the
+    # file (logged and counted); `deltabus etl --on-corrupt-file` overrides it.
+    on_corrupt_file: Literal["stop", "skip"] = "stop"
     # Tails are woken by the store's commit notifications (MinIO's ListenBucketNotification),
     # for stores that stream them as they happen; off by default because current MinIO
     # releases hold them back in batches (docs/benchmarks.md). Tails poll either way.
@@ -140,6 +143,7 @@ class Settings(BaseSettings):
             "DELTABUS_CHECKPOINT_INTERVAL": str(self.checkpoint_interval),
             "DELTABUS_RETRY_MAX_WAIT_S": f"{self.retry_max_wait_s:g}",
             "DELTABUS_SKIP_CHANGE_COMMITS": "true" if self.skip_change_commits else "false",
+            "DELTABUS_ON_CORRUPT_FILE": self.on_corrupt_file,
             "DELTABUS_NOTIFY": "true" if self.notify else "false",
             "DELTABUS_IDLE_POLL_MS": f"{self.idle_poll_ms:g}",
         }

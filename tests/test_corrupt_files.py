@@ -113,7 +113,9 @@ def test_corrupt_input_file_stops_the_etl_then_skip_lets_the_rest_through(
     again = run_cli(["etl"], env, tmp_path)
     assert again.returncode == 2 and f"version {bad_version}" in again.stderr
 
-    skipped = run_cli(["--json", "etl", "--on-corrupt-file", "skip"], env, tmp_path)
+    # The setting (what a Dagster-launched ETL reads) asks for it as the option does.
+    skip_env = {**env, "DELTABUS_ON_CORRUPT_FILE": "skip"}
+    skipped = run_cli(["--json", "etl"], skip_env, tmp_path)
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     report = json.loads(skipped.stdout.strip().splitlines()[-1])
     assert report["skipped_files"] == 2, report

@@ -27,6 +27,7 @@ def every_field_changed(tmp_path: Path) -> Settings:
         checkpoint_interval=7,
         retry_max_wait_s=42.5,
         skip_change_commits=True,
+        on_corrupt_file="skip",
         notify=True,
         notify_url="http://127.0.0.1:9100/events",
         idle_poll_ms=250,

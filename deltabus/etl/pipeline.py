@@ -68,8 +68,9 @@ class EtlConfig:
     partitions: int | None = None
     # An input data file that cannot be read as Parquet: "stop" (exit 2 naming the table,
     # the version and the file; nothing of that version is written) or "skip" (the file
-    # is left out, logged and counted in `EtlReport.skipped_files`).
-    on_corrupt_file: str = "stop"
+    # is left out, logged and counted in `EtlReport.skipped_files`). None: the lake
+    # settings' `on_corrupt_file` (DELTABUS_ON_CORRUPT_FILE).
+    on_corrupt_file: str | None = None
 
     def __post_init__(self) -> None:
         check_interval(self.commit_interval, "commit interval")
@@ -78,7 +79,7 @@ class EtlConfig:
             raise ConfigError(f"threads must be 1..64, got {self.threads}")
         if self.expected_producers < 1:
             raise ConfigError("expected producers must be at least 1")
-        if self.on_corrupt_file not in CORRUPT_FILE_ACTIONS:
+        if self.on_corrupt_file is not None and self.on_corrupt_file not in CORRUPT_FILE_ACTIONS:
             raise ConfigError(
                 f"on corrupt file must be one of {', '.join(CORRUPT_FILE_ACTIONS)}, "
                 f"got {self.on_corrupt_file!r}",
@@ -189,7 +190,7 @@ def _partition_flow(
             on_start=mark_ready,
             finished_runs=finished.get(source, set()),
             skip_change_commits=lake.settings.skip_change_commits,
-            skip_corrupt_files=config.on_corrupt_file == "skip",
+            skip_corrupt_files=(config.on_corrupt_file or lake.settings.on_corrupt_file) == "skip",
         )
         for source in inputs
     ]
