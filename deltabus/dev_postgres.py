@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from deltabus.devserver import LOCAL_HOSTS
-from deltabus.errors import ConfigError, DeltabusError
+from deltabus.errors import ConfigError
 from deltabus.local_minio import free_port, port_taken
 from deltabus.local_postgres import PostgresServer
 from deltabus.serving import pg
@@ -57,11 +57,9 @@ def postgres_up(env_file: Path | None, data_dir: Path) -> str:
     try:
         pg.connect(dsn).close()
         return f"{pg.describe(dsn)} is running"
-    except DeltabusError as exc:
+    except pg.PostgresUnreachable:
         parts = pg.parse(dsn)
         if not initialised or parts.get("host") not in LOCAL_HOSTS:
-            raise
-        if "cannot reach" not in str(exc):
             raise
     server = PostgresServer(
         data_dir,

@@ -208,13 +208,16 @@ def subscribe(lake: Lake, region: str = "") -> str:
             }
         ]
     }
+    from botocore.exceptions import ClientError
+
     client = lake.s3_client()
     try:
         client.put_bucket_notification_configuration(
             Bucket=s.bucket, NotificationConfiguration=config
         )
-    except Exception as exc:
-        if "arn" in str(exc).lower():
+    except ClientError as exc:
+        # The one InvalidArgument this request can get: the queue ARN names no target.
+        if exc.response.get("Error", {}).get("Code") == "InvalidArgument":
             raise StorageError(
                 f"MinIO at {s.minio_endpoint} has no webhook target {WEBHOOK_TARGET_ID}",
                 f"start it with MINIO_NOTIFY_WEBHOOK_ENABLE_{WEBHOOK_TARGET_ID}=on and "

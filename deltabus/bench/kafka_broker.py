@@ -96,6 +96,7 @@ class KafkaBroker:
         )
 
     def create_topics(self, topics: tuple[str, ...]) -> None:
+        from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -103,8 +104,8 @@ class KafkaBroker:
         for topic, fut in futures.items():
             try:
                 fut.result(timeout=30)
-            except Exception as exc:  # noqa: BLE001
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise DeltabusError(f"cannot create Kafka topic {topic}: {exc}") from exc
 
     def wait_group_stable(self, group: str, timeout: float = 30) -> bool:

@@ -114,6 +114,10 @@ def redact(text: str, dsn: str | None) -> str:
     return text
 
 
+class PostgresUnreachable(DeltabusError):
+    """No PostgreSQL answers at the DSN's address (nothing listening, or it went away)."""
+
+
 def _user_failure(exc: BaseException) -> tuple[str, str] | None:
     """(problem, fix) when `exc` is a PostgreSQL failure a user must fix."""
     code = getattr(exc, "pgcode", None)
@@ -151,7 +155,7 @@ def user_error(exc: BaseException, dsn: str) -> DeltabusError | None:
         problem, fix = failure
         return ConfigError(f"{problem} ({where}): {first}", fix)
     if isinstance(exc, psycopg2.OperationalError) and verdict(exc):
-        return DeltabusError(
+        return PostgresUnreachable(
             f"cannot reach {where}: {first}",
             "start PostgreSQL, or point DELTABUS_POSTGRES_DSN (or --dsn) at a running server",
         )
