@@ -67,7 +67,7 @@ spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delt
 	  tests/test_spark_log_cleanup.py \
 	  tests/test_checkpoint_writer.py::test_spark_reads_a_checkpoint_from_memory
 
-chaos: venv minio-bin  ## a 10-minute seeded chaos soak (SIGKILLs, MinIO restarts, second ETLs); SEED=n
+chaos: venv minio-bin  ## seeded chaos soak: 10 min of SIGKILLs, MinIO restarts, second ETLs, then the count; SEED=n CHAOS_SECONDS=s
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \
 	  $(PY) -m pytest -q -s tests/test_chaos.py
 
