@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars minio-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean
+.PHONY: help venv kafka-jars minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,6 +20,9 @@ venv: .venv/.synced  ## create the virtualenv with the pinned packages
 
 minio-bin: venv  ## build the pinned MinIO with `go install` (cached in ~/.cache/deltabus)
 	$(PY) -m deltabus minio build
+
+toxiproxy-bin: venv  ## build the pinned toxiproxy (bench --store) with `go install` (cached in ~/.cache/deltabus)
+	$(PY) -m deltabus.bench.store_profiles build
 
 minio: minio-bin  ## start a local MinIO on loopback and create the bucket (writes .env)
 	$(PY) -m deltabus minio up
@@ -49,15 +52,16 @@ demo: minio postgres dagster-home  ## set everything up, run pipeline_job then i
 ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://127.0.0.1:3000
 	$(PY) -m dagster dev -h 127.0.0.1 -p 3000
 
-bench: venv minio-bin kafka-jars  ## latency + cost sweep on a throwaway MinIO, Kafka side by side; reports in bench-out/
+bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweep on a throwaway MinIO, Kafka side by side, and behind an S3 Standard latency profile; reports in bench-out/
 	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000,30000,70000 --backbone both --duration 60 --warmup 15 --out bench-out/100ms
 	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,100000,150000,250000 --duration 60 --warmup 15 --out bench-out/1000ms
 	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --duration 60 --warmup 15 --idle-s 60 --out bench-out/idle
+	$(PY) -m deltabus bench --local-minio --store s3-standard --profile 100ms --rates 10000,30000,70000 --duration 60 --warmup 15 --out bench-out/s3-standard
 
 kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/kafka.sh fetch
 
-test: venv minio-bin kafka-jars  ## run the test suite (starts its own MinIO)
+test: venv minio-bin kafka-jars toxiproxy-bin  ## run the test suite (starts its own MinIO)
 	$(PY) -m pytest -q
 
 spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delta/s3a jars from Maven; cached)

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from deltabus.bench.command import bench as bench_command
+from deltabus.bench.command import store_check as store_check_command
 from deltabus.cli_state import lake, state
 from deltabus.errors import ConfigError, user_storage_error
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
@@ -574,6 +575,7 @@ def postgres_down(
 # `deltabus bench`: the latency benchmark harness. Its options live in deltabus/bench/command.py,
 # which imports only typer; Pathway, matplotlib and Kafka load when the command runs.
 app.command("bench")(bench_command)
+app.command("store-check")(store_check_command)
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from deltabus.settings import ENV_FILE_VAR, Settings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"
-pytest_plugins = ["tests.pg_fixture"]
+pytest_plugins = ["tests.pg_fixture", "tests.store_fixture"]
 # Settings variables the tests read as their own controls, not as the lake's settings.
 TEST_CONTROLS = frozenset({"DELTABUS_RETRY_MAX_WAIT_S"})
 

@@ -32,10 +32,14 @@ ORDER = ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")
 STAGES = ("sent_to_input_commit", "input_commit_to_etl", "etl_to_unified_commit")
 
 
-def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int) -> dict:
+def check_report(
+    out: Path, backbones: tuple[str, ...], rate: int, messages: int, store: str = "loopback"
+) -> dict:
     report = json.loads((out / "report.json").read_text())
-    assert set(report) == {"profile", "machine", "command", "runs", "highest_keeping_up_rate"}
+    keys = {"profile", "store", "machine", "command", "runs", "highest_keeping_up_rate"}
+    assert set(report) == keys
     assert report["profile"] == "100ms"
+    assert report["store"]["profile"] == store
     assert "cores" in report["machine"] and report["command"].startswith("deltabus bench")
     assert [r["backbone"] for r in report["runs"]] == list(backbones)
     for run in report["runs"]:
@@ -78,6 +82,7 @@ def check_report(out: Path, backbones: tuple[str, ...], rate: int, messages: int
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
     md = (out / "report.md").read_text()
     assert "| rate msg/s |" in md and "anchor commit 100ms p50 / p99 (s)" in md
+    assert f"- store: {store} (" in md or f"- store: **{store}**, " in md
     assert "Where the time goes" in md
     return report
 
@@ -122,6 +127,25 @@ def test_bench_smoke_delta(minio: MinioServer, tmp_path: Path) -> None:
            + 1 AND unified_commit_ms <= seen_ms + 1)"""
     ).fetchall()[0][0]
     assert bad == 0
+
+
+def test_bench_smoke_store_profile(minio: MinioServer, toxiproxy: Path, tmp_path: Path) -> None:
+    """`--store s3-express`: every component reaches MinIO through toxiproxy, nothing is
+    lost, MinIO's request counters (read directly) still count, and the reports name the
+    store profile."""
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    env = {**lake_env(lake), "DELTABUS_TOXIPROXY_BIN": str(toxiproxy)}
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--grace", "15"]
+    args += ["--profile", "100ms", "--out", str(out), "--no-local-minio", "--store", "s3-express"]
+    result = run_cli(args, env, tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "- store: **s3-express**" in result.stdout
+    report = check_report(out, ("delta",), 2000, 6000, store="s3-express")
+    assert report["store"]["toxiproxy"] and "tail" not in report["store"]
+    detail = json.loads((out / "runs" / "delta-2000.json").read_text())
+    assert detail["errors"] == [] and detail["store"] == "s3-express"
+    assert list((out / "logs").glob("toxiproxy-*.log"))  # the proxy ran for this benchmark
 
 
 def test_bench_smoke_notify(minio: MinioServer, tmp_path: Path) -> None:

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from deltabus.bench.config import BenchConfig
+    from deltabus.settings import Settings
 
 HELP = (
     "Measure end-to-end latency: producer -> Delta (MinIO) -> Pathway ETL -> consumer.\n\n"
@@ -22,11 +28,15 @@ HELP = (
     "percentiles-vs-rate.png, runs/<backbone>-<rate>.json (details) and logs/. Exits 1 "
     "when a message was lost (produced, never seen) or a check failed, after writing the "
     "reports.\n\n"
+    "--store puts a latency-injecting proxy between every component and MinIO (toxiproxy, "
+    "plus a per-request tail stage for s3-standard); the reports name the store profile. "
+    "`deltabus store-check --store NAME` measures what a profile delivers per request.\n\n"
     "Examples:\n\n"
     "deltabus bench --rates 10000,30000 --duration 30 --warmup 5 --profile 100ms\n\n"
     "deltabus bench --rates 10000 --backbone both --out bench-out\n\n"
     "deltabus bench --rates 10000 --duration 60 --backlog-drain 10\n\n"
-    "deltabus bench --rates 10k,150k --layouts 1x1,2x2,4x2 --rounds 3 --out layouts-out"
+    "deltabus bench --rates 10k,150k --layouts 1x1,2x2,4x2 --rounds 3 --out layouts-out\n\n"
+    "deltabus bench --local-minio --store s3-standard --rates 10000 --out bench-out/s3-standard"
 )
 
 
@@ -164,6 +174,16 @@ def bench(
             "PostgreSQL on loopback. Delta backbone only."
         ),
     ] = None,
+    store: Annotated[
+        str,
+        typer.Option(
+            help="Store profile: loopback (MinIO directly), s3-express (about 3-5 ms a "
+            "request) or s3-standard (median about 27 ms, p99 about 180 ms: a per-request "
+            "long tail). Producer, ETL, consumer and sinks reach MinIO through the "
+            "profile's proxy; MinIO's metrics are read directly. Needs a plain-http MinIO; "
+            "toxiproxy is built with Go on first use.",
+        ),
+    ] = "loopback",
 ) -> None:
     from deltabus import cli_state as cli
     from deltabus.bench.config import BenchConfig, parse_backbones, parse_profile, parse_rates
@@ -193,6 +213,7 @@ def bench(
         idle_s=idle_s,
         notify=notify,
         serve=serve.strip().lower() if serve else None,
+        store=store.strip().lower(),
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
     if layouts is not None:
@@ -218,6 +239,61 @@ def bench(
 
 
 bench.__doc__ = HELP
+
+STORE_CHECK_HELP = (
+    "Measure what a store profile delivers: per-request latency through its proxy.\n\n"
+    "Sends --requests requests of each class (GET of a 1 KiB object, GET of a missing "
+    "object, PUT of 1 KiB, LIST of a small prefix), one at a time through one obstore store "
+    "(the client of deltabus' hot paths), first to MinIO directly and then through the "
+    "profile's proxy, and prints p50 / p90 / p99 / max (ms) per class beside the profile's "
+    "modelled injected delay. Writes objects under a store-check-* folder of the lake's "
+    "prefix.\n\n"
+    "Example: deltabus store-check --store s3-standard --requests 400"
+)
+
+
+def store_check(
+    store: Annotated[
+        str, typer.Option(help="Store profile to measure: s3-express, s3-standard or loopback.")
+    ] = "s3-standard",
+    requests: Annotated[int, typer.Option(help="Requests per request class.")] = 400,
+    seed: Annotated[int, typer.Option(help="Seed of the proxies' draws.")] = 0,
+    local_minio: Annotated[
+        bool | None,
+        typer.Option(
+            "--local-minio/--no-local-minio",
+            help="Measure in front of a throwaway MinIO on loopback (as `deltabus bench "
+            "--local-minio`). Default: only when no MinIO secret key is configured.",
+        ),
+    ] = None,
+) -> None:
+    import tempfile
+
+    from deltabus import cli_state as cli
+    from deltabus.bench.environment import minio_configured, throwaway_minio
+    from deltabus.bench.store_profiles import check, check_markdown
+    from deltabus.errors import ConfigError
+
+    if requests < 1:
+        raise ConfigError("--requests must be at least 1")
+    settings = cli.settings()
+    if local_minio is None:
+        local_minio = not minio_configured(settings) and settings.storage == "minio"
+    with tempfile.TemporaryDirectory(prefix="deltabus-store-check-") as tmp:
+        if local_minio:
+            with throwaway_minio() as (minio_settings, _):
+                result = check(store, minio_settings, Path(tmp), requests, seed)
+        else:
+            if settings.storage != "minio":
+                raise ConfigError("store-check measures a MinIO; this lake is a local directory")
+            result = check(store, settings, Path(tmp), requests, seed)
+    if cli.state.as_json:
+        print(__import__("json").dumps(result))
+    else:
+        print(check_markdown(result))
+
+
+store_check.__doc__ = STORE_CHECK_HELP
 
 
 def _compare_layouts(
@@ -283,13 +359,15 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
         local_minio = not minio_configured(settings) and settings.storage == "minio"
     if local_minio:
         with throwaway_minio(notify=config.notify) as (minio_settings, pids):
-            return Bench(
-                config,
-                minio_settings,
-                minio_pid=pids["minio"],
-                relay_pid=pids.get("relay"),
-                show_progress=show_progress,
-            ).run()
+            with _store_proxy(config, minio_settings) as proxied:
+                return Bench(
+                    config,
+                    proxied,
+                    minio_pid=pids["minio"],
+                    relay_pid=pids.get("relay"),
+                    show_progress=show_progress,
+                    metrics_endpoint=minio_settings.minio_endpoint,
+                ).run()
     if config.notify:
         raise ConfigError(
             "--notify starts its own MinIO and relay: add --local-minio",
@@ -297,9 +375,34 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
             "and set DELTABUS_NOTIFY=true and DELTABUS_NOTIFY_URL (docs/design.md)",
         )
     Lake(settings).check(write=True)
-    return Bench(
-        config, settings, minio_pid=_minio_pid(settings), show_progress=show_progress
-    ).run()
+    with _store_proxy(config, settings) as proxied:
+        return Bench(
+            config,
+            proxied,
+            minio_pid=_minio_pid(settings),
+            show_progress=show_progress,
+            metrics_endpoint=settings.minio_endpoint,
+        ).run()
+
+
+@contextmanager
+def _store_proxy(config: BenchConfig, settings: Settings) -> Iterator[Settings]:
+    """`settings` with MinIO reached through the store profile's proxy while it runs (the
+    loopback profile: `settings` unchanged, nothing started)."""
+    from deltabus.bench.store_profiles import StoreProxy, profile
+    from deltabus.errors import ConfigError
+
+    chosen = profile(config.store)
+    if not chosen.proxied:
+        yield settings
+        return
+    if settings.storage != "minio":
+        raise ConfigError(
+            f"--store {chosen.name} goes in front of MinIO; this lake is a local directory",
+            "use --local-minio or a MinIO lake",
+        )
+    with StoreProxy(chosen, settings.minio_endpoint, config.out / "logs") as proxy:
+        yield settings.model_copy(update={"minio_endpoint": proxy.endpoint})
 
 
 def _minio_pid(settings) -> int | None:

@@ -1,4 +1,5 @@
-"""What a benchmark run measures: rates, duration, warm-up, commit profile, scenarios."""
+"""What a benchmark run measures: rates, duration, warm-up, commit profile, store profile,
+scenarios."""
 
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class BenchConfig:
     idle_s: float = 0.0  # after the run, measure the cost of the idle pipeline this long
     notify: bool = False  # tails woken by MinIO's pushed commit events (a relay), not polls
     serve: str | None = None  # "postgres": the serving sink as a stage (deltabus.bench.serving)
+    store: str = "loopback"  # store profile: latency in front of MinIO (bench.store_profiles)
     command: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -115,6 +117,9 @@ class BenchConfig:
             raise ConfigError("--poll-ms must be 1..10000")
         if self.serve not in (None, "postgres"):
             raise ConfigError(f"--serve {self.serve!r} is not postgres")
+        from deltabus.bench.store_profiles import profile
+
+        profile(self.store)  # a ConfigError naming the profiles when unknown
         for rate in self.rates:
             if rate % self.producers and rate / self.producers < 1:
                 raise ConfigError(f"rate {rate} split over {self.producers} producers is < 1")

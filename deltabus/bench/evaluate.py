@@ -147,6 +147,7 @@ def evaluate_run(
     detail: dict[str, Any] = {
         **summary,
         "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
+        "store": cfg.store,
         "lake_prefix": lake.settings.prefix,
         "samples_table": uri,
         "schedule_start_ms": state.start_ms,

@@ -83,6 +83,7 @@ def compare(
     summary = summarise(layouts, results)
     summary["command"] = cfg.command
     summary["profile"] = cfg.profile
+    summary["store"] = cfg.store
     write_json(cfg.out / "layouts.json", summary)
     (cfg.out / "layouts.md").write_text(markdown(summary))
     return summary | {"errors": errors}
@@ -143,7 +144,8 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# Layouts compared: {summary['rounds']} rounds, base {summary['base']}",
         "",
-        f"Profile {summary['profile']}; machine: {summary['machine']}. "
+        f"Profile {summary['profile']}; store {summary.get('store', 'loopback')}; "
+        f"machine: {summary['machine']}. "
         "Each round ran every layout once, in the opposite order to the round before; a "
         "layout's cost is compared with the base's of the same round. Cores: CPU of every "
         "component together (1.0 = one core busy), which at one rate is the cost per "

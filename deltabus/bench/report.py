@@ -61,10 +61,39 @@ def anchor(profile: str, rate: int) -> tuple[float, float, bool] | None:
 STALL_NOTE_PCT = 10.0
 
 
-def report_json(profile: str, machine: str, command: str, runs: list[dict]) -> dict[str, Any]:
-    """Exactly {profile, machine, command, runs: [...]} with the documented run keys."""
+def store_description(store: str) -> dict[str, Any]:
+    """The store profile as report.json records it: {"profile": name, "summary": ...} and,
+    for a proxied profile, its toxiproxy toxics and tail (deltabus.bench.store_profiles)."""
+    from deltabus.bench.store_profiles import profile as store_profile
+
+    return store_profile(store).describe()
+
+
+def store_line(store: str) -> str:
+    """report.md's line naming the store profile."""
+    from deltabus.bench.store_profiles import TOXIPROXY_VERSION
+    from deltabus.bench.store_profiles import profile as store_profile
+
+    chosen = store_profile(store)
+    if not chosen.proxied:
+        return f"- store: {chosen.name} ({chosen.summary})"
+    parts = f"toxiproxy {TOXIPROXY_VERSION}" + (
+        " and a per-request tail stage" if chosen.tail else ""
+    )
+    return (
+        f"- store: **{chosen.name}**, {chosen.summary}; {parts} between every component and "
+        "MinIO (their CPU is not in the cost; the machine's busy share includes it)"
+    )
+
+
+def report_json(
+    profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
+) -> dict[str, Any]:
+    """Exactly {profile, store, machine, command, runs: [...], highest_keeping_up_rate}
+    with the documented run keys; `store` as `store_description` gives it."""
     report = {
         "profile": profile,
+        "store": store_description(store),
         "machine": machine,
         "command": command,
         "runs": [
@@ -212,6 +241,7 @@ def report_markdown(
     details: list[dict],
     plots: dict[str, str],
     notes: list[str],
+    store: str = "loopback",
 ) -> str:
     backbones = sorted({r["backbone"] for r in runs}, key=lambda b: (b != "delta", b))
     rates = sorted({r["rate"] for r in runs})
@@ -222,6 +252,7 @@ def report_markdown(
         "# deltabus latency benchmark",
         "",
         f"- profile: commit every {profile} (producer and ETL)",
+        store_line(store),
         f"- machine: {machine}",
         f"- command: `{command}`",
         "- latency: consumer first sees the row in the unified output minus the message's "
@@ -373,10 +404,10 @@ def write_reports(
                     f"{d['backbone']} at {d['rate']:,} msg/s: {what} {worst:g} % of the CPUs "
                     f"in the worst second ({kind}); a stall in every stage at once may be that"
                 )
-    report = report_json(cfg.profile, machine, cfg.command, runs)
+    report = report_json(cfg.profile, machine, cfg.command, runs, cfg.store)
     write_json(out / "report.json", report)
     (out / "report.md").write_text(
-        report_markdown(cfg.profile, machine, cfg.command, runs, details, plots, notes)
+        report_markdown(cfg.profile, machine, cfg.command, runs, details, plots, notes, cfg.store)
     )
     report["errors"] = [f"{d['backbone']} {d['rate']}: {e}" for d in details for e in d["errors"]]
     return report

@@ -75,7 +75,11 @@ class Bench:
         minio_pid: int | None = None,
         relay_pid: int | None = None,
         show_progress: bool = True,
+        metrics_endpoint: str | None = None,
     ) -> None:
+        """`settings` is the lake every component uses (through the store profile's proxy,
+        if any); `metrics_endpoint` the MinIO whose metrics count the requests (default:
+        `settings.minio_endpoint`)."""
         self.cfg = cfg
         self.settings = settings
         self.minio_pid = minio_pid
@@ -88,7 +92,9 @@ class Bench:
         self.machine = machine_description()
         # Object-store requests, read from MinIO's metrics (None on a local-directory lake).
         self.minio_requests = (
-            RequestMeter(settings.minio_endpoint) if settings.storage == "minio" else None
+            RequestMeter(metrics_endpoint or settings.minio_endpoint)
+            if settings.storage == "minio"
+            else None
         )
 
     @property
@@ -104,11 +110,12 @@ class Bench:
         self.work.mkdir(parents=True, exist_ok=True)
         (self.out / "runs").mkdir(exist_ok=True)
         log.info(
-            "benchmark: rates %s, %g s (warm-up %g s), commit %s, backbones %s, lake %s",
+            "benchmark: rates %s, %g s (warm-up %g s), commit %s, store %s, backbones %s, lake %s",
             list(self.cfg.rates),
             self.cfg.duration,
             self.cfg.warmup,
             self.cfg.profile,
+            self.cfg.store,
             "+".join(self.cfg.backbones),
             Lake(self.settings.with_prefix(self.base_prefix)).root,
         )
