@@ -34,12 +34,12 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import obstore
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs
 
+from deltabus import hedge
 from deltabus.errors import DeltabusError
 
 log = logging.getLogger(__name__)
@@ -598,7 +598,7 @@ class TableFiles:
         if size is not None and int(size) <= WHOLE_FILE_BYTES:
             if self.store is not None and path.startswith(self.path + "/"):
                 key = f"{self.store_path}/{path[len(self.path) + 1 :]}"
-                return pa.BufferReader(pa.py_buffer(obstore.get(self.store, key).bytes()))
+                return pa.BufferReader(pa.py_buffer(hedge.get(self.store, key)))
             with self.fs.open_input_stream(path, compression=None) as stream:
                 return pa.BufferReader(stream.read())
         return self.fs.open_input_file(path)
@@ -819,7 +819,7 @@ class DeltaLog:
     def read(self, name: str) -> bytes | None:
         try:
             if self.store is not None:
-                return bytes(obstore.get(self.store, f"{self.store_dir}/{name}").bytes())
+                return hedge.get(self.store, f"{self.store_dir}/{name}")
             with self.fs.open_input_stream(f"{self.dir}/{name}", compression=None) as stream:
                 return stream.read()
         except FileNotFoundError:

@@ -43,7 +43,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-from deltabus import __version__
+from deltabus import __version__, hedge
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.delta_protocol import parse_actions
 from deltabus.lake import Lake
@@ -217,7 +217,7 @@ class TableAppender:
         landed = 0
         while True:
             try:
-                raw = bytes(obstore.get(self.store, self._log_path(self._version + 1)).bytes())
+                raw = hedge.get(self.store, self._log_path(self._version + 1))
             except FileNotFoundError:
                 return landed
             actions = parse_actions(raw)

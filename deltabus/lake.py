@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from deltabus import hedge
 from deltabus.errors import StorageError, user_storage_error
 from deltabus.retry import retry_storage
 from deltabus.settings import Settings
@@ -126,7 +127,7 @@ class Lake:
             return LocalStore(root)
         s = self.settings
         self.require_secret()
-        return S3Store(
+        store = S3Store(
             s.bucket,
             prefix=s.prefix or None,
             endpoint=s.minio_endpoint,
@@ -149,6 +150,8 @@ class Lake:
                 },
             },
         )
+        hedge.timer_of(store).enabled = s.hedge_reads
+        return store
 
     # -- boto3, for bucket checks and bootstrap -------------------------------------
 

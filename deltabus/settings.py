@@ -93,9 +93,15 @@ class Settings(BaseSettings):
     notify_url: str | None = None
     # Longest pause between polls of a table that has gone quiet (milliseconds).
     idle_poll_ms: float = Field(1000.0, ge=1, le=60_000, allow_inf_nan=False)
+    # A GET of the Delta log's hot path still unanswered after the store's recent p95 is
+    # sent again, the first answer wins (deltabus.hedge); false sends every GET once.
+    hedge_reads: bool = True
     # PostgreSQL the serving sink writes to (`deltabus serve postgres`), as a libpq URI or
     # key=value string; holds a password, so it is a secret. None: a local server is started.
     postgres_dsn: SecretStr | None = None
+    # OpenSearch the index sink writes to (`deltabus serve opensearch`), as an http(s) URL;
+    # may hold user:password, so it is a secret. None: `deltabus opensearch up` starts one.
+    opensearch_url: SecretStr | None = None
 
     @field_validator("prefix")
     @classmethod
@@ -146,6 +152,7 @@ class Settings(BaseSettings):
             "DELTABUS_ON_CORRUPT_FILE": self.on_corrupt_file,
             "DELTABUS_NOTIFY": "true" if self.notify else "false",
             "DELTABUS_IDLE_POLL_MS": f"{self.idle_poll_ms:g}",
+            "DELTABUS_HEDGE_READS": "true" if self.hedge_reads else "false",
         }
         if self.notify_url:
             env["DELTABUS_NOTIFY_URL"] = self.notify_url
@@ -155,6 +162,8 @@ class Settings(BaseSettings):
             env["DELTABUS_SECRET_KEY"] = self.secret_key.get_secret_value()
         if self.postgres_dsn is not None:
             env["DELTABUS_POSTGRES_DSN"] = self.postgres_dsn.get_secret_value()
+        if self.opensearch_url is not None:
+            env["DELTABUS_OPENSEARCH_URL"] = self.opensearch_url.get_secret_value()
         return env
 
     def with_prefix(self, prefix: str) -> Settings:
@@ -226,7 +235,7 @@ def _describe(err: Any) -> str:
     alias = info.validation_alias
     variable = alias.choices[0] if isinstance(alias, AliasChoices) else f"DELTABUS_{field.upper()}"
     shown = ""
-    if field not in ("secret_key", "postgres_dsn") and isinstance(
+    if field not in ("secret_key", "postgres_dsn", "opensearch_url") and isinstance(
         err.get("input"), str | int | float
     ):
         shown = f"={str(err['input'])[:80]!r}"

@@ -367,7 +367,7 @@ class StoreProxy:
 
 # -- measuring what a client sees --------------------------------------------------------
 
-REQUEST_CLASSES = ("GET", "GET 404", "PUT", "LIST")
+REQUEST_CLASSES = ("GET", "GET hedged", "GET 404", "PUT", "LIST")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -395,11 +395,13 @@ def measure(
     """Latency in ms (n, p50, p90, p99, max) per request class over `requests` requests
     each, sent one at a time in turns, through one obstore store of `settings` (one
     connection pool, as each deltabus process has): GET of a small object, GET of a
-    missing one (404: a tail's poll for the next commit), PUT of `payload_bytes`, LIST of
+    missing one (404: a tail's poll for the next commit), the same GET hedged as the Delta
+    log's hot path sends it (deltabus.hedge), PUT of `payload_bytes`, LIST of
     a prefix of a few objects. The objects are written under a fresh folder of
     `settings.prefix` and left there."""
     import obstore
 
+    from deltabus import hedge
     from deltabus.lake import Lake
 
     unknown = set(classes) - set(REQUEST_CLASSES)
@@ -414,6 +416,9 @@ def measure(
 
     def get() -> None:
         obstore.get(store, f"{folder}/object").bytes()
+
+    def hedged_get() -> None:
+        hedge.get(store, f"{folder}/object")
 
     def missing() -> None:
         try:
@@ -431,7 +436,7 @@ def measure(
         for _ in obstore.list(store, f"{folder}/list/"):
             pass
 
-    calls = {"GET": get, "GET 404": missing, "PUT": put, "LIST": listing}
+    calls = {"GET": get, "GET hedged": hedged_get, "GET 404": missing, "PUT": put, "LIST": listing}
     timings: dict[str, list[float]] = {name: [] for name in classes}
     for _ in range(requests):
         for name in classes:

@@ -1,0 +1,116 @@
+"""Hedged GETs: a read slower than the store usually is gets a second, identical request.
+
+An object store's latency has a long tail: a small GET that usually takes tens of
+milliseconds now and then takes hundreds, which every hop of a stream pays in turn. Like
+S3's own guidance (retry a request still unanswered well past its usual time), `get`
+sends the same GET again once the first has taken longer than the 95th percentile of the
+store's recent GETs, and returns whichever answers first. A GET is idempotent, so the
+second request costs only itself: about one GET in twenty (docs/adr/0004-hedged-reads.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import obstore
+
+# Until this many GETs were timed, hedge after DEFAULT_AFTER_S.
+MIN_SAMPLES = 20
+DEFAULT_AFTER_S = 0.05
+# Never hedge sooner than this: on a store answering in a millisecond, a hedge would only
+# double the requests of a scheduling hiccup.
+FLOOR_S = 0.005
+WINDOW = 256  # recent GET latencies the percentile is taken over
+RECOMPUTE_EVERY = 32
+HEDGE_PERCENTILE = 0.95
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hedged-get")
+
+
+class GetTimer:
+    """The recent latencies of one store's GETs, and the delay after which to hedge."""
+
+    def __init__(self) -> None:
+        self._samples: deque[float] = deque(maxlen=WINDOW)
+        self._lock = threading.Lock()
+        self._after = DEFAULT_AFTER_S
+        self._since = 0
+        self.enabled = False  # set by the store's owner (`Lake.object_store`)
+        self.sent = 0  # GETs asked for
+        self.hedged = 0  # of them, how many got a second request
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self._samples.append(seconds)
+            self._since += 1
+            if len(self._samples) >= MIN_SAMPLES and self._since >= RECOMPUTE_EVERY:
+                ordered = sorted(self._samples)
+                index = min(len(ordered) - 1, int(HEDGE_PERCENTILE * len(ordered)))
+                self._after = max(FLOOR_S, ordered[index])
+                self._since = 0
+
+    @property
+    def after_s(self) -> float:
+        """Seconds after which a GET still unanswered is sent again."""
+        return self._after
+
+
+_timers: dict[int, GetTimer] = {}
+_timers_lock = threading.Lock()
+
+
+def timer_of(store: Any) -> GetTimer:
+    """The `GetTimer` of `store` (one per store object, so per lake and process); GETs
+    through a store whose timer is not `enabled` are sent once, as obstore would."""
+    with _timers_lock:
+        found = _timers.get(id(store))
+        if found is None:
+            found = _timers[id(store)] = GetTimer()
+        return found
+
+
+def _fetch(store: Any, key: str, timer: GetTimer) -> bytes:
+    started = time.monotonic()
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    finally:
+        timer.observe(time.monotonic() - started)
+
+
+def get(store: Any, key: str) -> bytes:
+    """The bytes of `key` in `store`; raises what obstore raises (FileNotFoundError for a
+    missing key). A GET still unanswered after the store's recent p95 is sent again, and
+    the first answer wins; an error waits for the other request before it is raised."""
+    timer = timer_of(store)
+    if not timer.enabled:
+        return bytes(obstore.get(store, key).bytes())
+    timer.sent += 1
+    first = _POOL.submit(_fetch, store, key, timer)
+    try:
+        return first.result(timeout=timer.after_s)
+    except TimeoutError:
+        pass
+    timer.hedged += 1
+    second = _POOL.submit(_fetch, store, key, timer)
+    return _first_answer([first, second])
+
+
+def _first_answer(pending: list[Future[bytes]]) -> bytes:
+    """The first result among `pending`; a missing key is an answer, any other error
+    waits for the rest and is raised only when none of them succeeds."""
+    error: BaseException | None = None
+    waiting = set(pending)
+    while waiting:
+        done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        for future in done:
+            exc = future.exception()
+            if exc is None:
+                return future.result()
+            if isinstance(exc, FileNotFoundError):
+                raise exc
+            error = error or exc
+    assert error is not None
+    raise error
