@@ -28,10 +28,12 @@ def every_field_changed(tmp_path: Path) -> Settings:
         retry_max_wait_s=42.5,
         skip_change_commits=True,
         on_corrupt_file="skip",
+        hedge_reads=False,
         notify=True,
         notify_url="http://127.0.0.1:9100/events",
         idle_poll_ms=250,
         postgres_dsn=SecretStr("postgresql://someone:pg-s3cr3t@127.0.0.1:5999/served"),
+        opensearch_url=SecretStr("http://someone:os-s3cr3t@127.0.0.1:9299"),
     )
     defaults = Settings.model_construct()
     same = [f for f in Settings.model_fields if getattr(changed, f) == getattr(defaults, f)]
