@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import obstore
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -240,7 +239,7 @@ class TableAppender:
     def _put_data(self, data: pa.Table) -> dict[str, Any]:
         body = parquet_buffer(data)
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        obstore.put(self.store, f"{self.table}/{name}", body.to_pybytes(), mode="create")
+        hedge.put_new(self.store, f"{self.table}/{name}", body.to_pybytes())
         return {
             "path": name,
             "partitionValues": {},
@@ -344,7 +343,7 @@ class TableAppender:
                 add = self._put_data(r.data)
             body, actions = self._commit_body(add, transactions, r.custom_metadata)
             try:
-                obstore.put(self.store, self._log_path(self._version + 1), body, mode="create")
+                hedge.put_new(self.store, self._log_path(self._version + 1), body)
             except (AlreadyExistsError, PreconditionError) as exc:
                 raise VersionTakenError(f"{self.table} version {self._version + 1}") from exc
             self._version += 1

@@ -1,4 +1,4 @@
-"""Hedged GETs: a read slower than the store usually is gets a second, identical request.
+"""Hedged requests: one slower than the store usually is gets a second, identical request.
 
 An object store's latency has a long tail: a small GET that usually takes tens of
 milliseconds now and then takes hundreds, which every hop of a stream pays in turn. Like
@@ -6,6 +6,9 @@ S3's own guidance (retry a request still unanswered well past its usual time), `
 sends the same GET again once the first has taken longer than the 95th percentile of the
 store's recent GETs, and returns whichever answers first. A GET is idempotent, so the
 second request costs only itself: about one GET in twenty (docs/adr/0004-hedged-reads.md).
+`put_new` does the same for a PUT that creates an object (If-None-Match): when both
+requests of a pair are refused because the object exists, it reads the object back, and
+only a body other than ours is a rival's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import obstore
+from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 # Until this many GETs were timed, hedge after DEFAULT_AFTER_S.
 MIN_SAMPLES = 20
@@ -58,17 +62,18 @@ class GetTimer:
         return self._after
 
 
-_timers: dict[int, GetTimer] = {}
+_timers: dict[tuple[int, str], GetTimer] = {}
 _timers_lock = threading.Lock()
 
 
-def timer_of(store: Any) -> GetTimer:
-    """The `GetTimer` of `store` (one per store object, so per lake and process); GETs
-    through a store whose timer is not `enabled` are sent once, as obstore would."""
+def timer_of(store: Any, kind: str = "GET") -> GetTimer:
+    """The timer of `kind` requests ("GET" or "PUT") through `store` (one per store
+    object, so per lake and process). Requests through a store whose GET timer is not
+    `enabled` are sent once, as obstore would."""
     with _timers_lock:
-        found = _timers.get(id(store))
+        found = _timers.get((id(store), kind))
         if found is None:
-            found = _timers[id(store)] = GetTimer()
+            found = _timers[(id(store), kind)] = GetTimer()
         return found
 
 
@@ -96,6 +101,60 @@ def get(store: Any, key: str) -> bytes:
     timer.hedged += 1
     second = _POOL.submit(_fetch, store, key, timer)
     return _first_answer([first, second])
+
+
+def _put(store: Any, key: str, body: bytes, timer: GetTimer) -> None:
+    started = time.monotonic()
+    try:
+        obstore.put(store, key, body, mode="create")
+    finally:
+        timer.observe(time.monotonic() - started)
+
+
+def put_new(store: Any, key: str, body: bytes) -> None:
+    """Create `key` holding `body`; raises `AlreadyExistsError` when another writer created
+    it first (with other bytes). A PUT still unanswered after the store's recent p95 of
+    PUTs is sent again. A refusal because the object exists is a success when the object
+    holds `body`, so a retried or hedged create never fails on its own earlier request."""
+    try:
+        _put_hedged(store, key, body)
+    except (AlreadyExistsError, PreconditionError):
+        # Ours when it holds our bytes: the other request of a pair, or an earlier attempt
+        # whose answer was lost, created it.
+        if bytes(obstore.get(store, key).bytes()) != body:
+            raise
+
+
+def _put_hedged(store: Any, key: str, body: bytes) -> None:
+    if not timer_of(store).enabled:
+        obstore.put(store, key, body, mode="create")
+        return
+    timer = timer_of(store, "PUT")
+    timer.sent += 1
+    first = _POOL.submit(_put, store, key, body, timer)
+    try:
+        first.result(timeout=timer.after_s)
+        return
+    except TimeoutError:
+        pass
+    timer.hedged += 1
+    second = _POOL.submit(_put, store, key, body, timer)
+    _first_success([first, second])
+
+
+def _first_success(pending: list[Future[None]]) -> None:
+    """Return once one of `pending` succeeded; else raise the first error."""
+    error: BaseException | None = None
+    waiting = set(pending)
+    while waiting:
+        done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+        for future in done:
+            exc = future.exception()
+            if exc is None:
+                return
+            error = error or exc
+    assert error is not None
+    raise error
 
 
 def _first_answer(pending: list[Future[bytes]]) -> bytes:
