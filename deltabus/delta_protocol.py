@@ -42,6 +42,10 @@ from pyarrow import fs
 from deltabus import hedge
 from deltabus.errors import DeltabusError
 
+# commitInfo key under which a deltabus writer names the data file of its next commit, so
+# that a tail can fetch that file together with the commit (deltabus.tail).
+NEXT_DATA_FILE = "deltabus.nextDataFile"
+
 log = logging.getLogger(__name__)
 
 MAX_READER_VERSION = 3
@@ -527,6 +531,13 @@ class TableFiles:
         # An obstore store and the table's path in it: small files in the table are
         # fetched with one GET (pyarrow sends a HEAD first).
         self.store, self.store_path = store, store_path
+        # Bytes of data files fetched ahead of their commit (`fetched_ahead`), by path.
+        self._ahead: dict[str, bytes] = {}
+
+    def fetched_ahead(self, name: str, data: bytes) -> None:
+        """`data` is the content of the table's file `name` (relative to the table): the
+        next read of that file takes it instead of a GET."""
+        self._ahead = {self.resolve(name): data}
 
     def resolve(self, path: str) -> str:
         """A filesystem path for a log path (relative to the table, or an absolute URI)."""
@@ -595,6 +606,9 @@ class TableFiles:
         then one GET): opening it for random access costs the HEAD and two ranged GETs
         (footer, then columns), three billed requests instead of two.
         """
+        ahead = self._ahead.pop(path, None)
+        if ahead is not None and (size is None or len(ahead) == int(size)):
+            return pa.BufferReader(pa.py_buffer(ahead))
         if size is not None and int(size) <= WHOLE_FILE_BYTES:
             if self.store is not None and path.startswith(self.path + "/"):
                 key = f"{self.store_path}/{path[len(self.path) + 1 :]}"

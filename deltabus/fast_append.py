@@ -44,7 +44,7 @@ from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 from deltabus import __version__, hedge
 from deltabus.checkpoints import BackgroundCheckpointer
-from deltabus.delta_protocol import parse_actions
+from deltabus.delta_protocol import NEXT_DATA_FILE, parse_actions
 from deltabus.lake import Lake
 from deltabus.parquet_io import parquet_buffer
 from deltabus.retry import retry_storage
@@ -156,6 +156,7 @@ class TableAppender:
         # Told about every version this appender writes or reads, with its actions.
         self.checkpointer: BackgroundCheckpointer | None = None
         self.protocol, self.metadata = _state_of(dt)
+        self._next_name = data_file_name()
         self.reason = eligible(self.protocol, self.metadata)
         if self.reason:
             log.info("%s is appended by delta-rs: %s", table, self.reason)
@@ -238,7 +239,7 @@ class TableAppender:
 
     def _put_data(self, data: pa.Table) -> dict[str, Any]:
         body = parquet_buffer(data)
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        name, self._next_name = self._next_name, data_file_name()
         hedge.put_new(self.store, f"{self.table}/{name}", body.to_pybytes())
         return {
             "path": name,
@@ -263,6 +264,9 @@ class TableAppender:
             "engineInfo": f"deltabus/{__version__}",
             "clientVersion": f"deltabus-{__version__}",
             "operationMetrics": {"numFiles": "1", "numOutputRows": str(add_rows(add))},
+            # The name this appender's next data file will have: a tail may fetch it
+            # together with the next commit (deltabus.tail).
+            NEXT_DATA_FILE: self._next_name,
             **custom,
         }
         txns = [{"appId": app, "version": v, "lastUpdated": now} for app, v in transactions.items()]
@@ -378,6 +382,11 @@ class _NotEligible(Exception):
 
 class VersionTakenError(Exception):
     """Another writer committed the version this append tried: read it and retry."""
+
+
+def data_file_name() -> str:
+    """A fresh data file name, unique to this append."""
+    return f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
 
 
 def add_rows(add: dict[str, Any]) -> int:

@@ -32,6 +32,10 @@ WINDOW = 256  # recent GET latencies the percentile is taken over
 RECOMPUTE_EVERY = 32
 HEDGE_PERCENTILE = 0.95
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hedged-get")
+_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="get-ahead")
+# A store whose median GET takes longer than this is remote: a GET sent ahead of need
+# saves a round trip there, and on loopback would only add a request.
+REMOTE_MEDIAN_S = 0.005
 
 
 class GetTimer:
@@ -57,6 +61,14 @@ class GetTimer:
                 self._since = 0
 
     @property
+    def median_s(self) -> float | None:
+        """The median of the recent GETs; None until MIN_SAMPLES were timed."""
+        with self._lock:
+            if len(self._samples) < MIN_SAMPLES:
+                return None
+            return sorted(self._samples)[len(self._samples) // 2]
+
+    @property
     def after_s(self) -> float:
         """Seconds after which a GET still unanswered is sent again."""
         return self._after
@@ -75,6 +87,18 @@ def timer_of(store: Any, kind: str = "GET") -> GetTimer:
         if found is None:
             found = _timers[(id(store), kind)] = GetTimer()
         return found
+
+
+def remote(store: Any) -> bool:
+    """True when `store`'s recent GETs have a median above REMOTE_MEDIAN_S (hedging on)."""
+    timer = timer_of(store)
+    median = timer.median_s
+    return timer.enabled and median is not None and median > REMOTE_MEDIAN_S
+
+
+def get_later(store: Any, key: str) -> Future[bytes]:
+    """`get(store, key)` on a thread of its own pool: its answer when it is needed."""
+    return _AHEAD.submit(get, store, key)
 
 
 def _fetch(store: Any, key: str, timer: GetTimer) -> bytes:

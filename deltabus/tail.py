@@ -27,13 +27,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from deltabus import hedge
 from deltabus.delta_protocol import (
+    NEXT_DATA_FILE,
     ChangeWithoutCdfError,
     DeltaLog,
     FilePart,
@@ -134,6 +137,12 @@ class DeltaLogTail:
         self.state: TableState | None = None  # in force before version `_next`
         self._next: int | None = None
         self._expiry_checked = 0.0
+        self._store = store
+        # (version, file): the data file the writer of the version before said its next
+        # commit adds (deltabus.fast_append); on a remote store it is fetched together
+        # with that commit, saving a round trip.
+        self._announced: tuple[int, str] | None = None
+        self.fetched_ahead = 0  # commits whose data file came with the commit's GET
 
     # -- table state ---------------------------------------------------------------------
 
@@ -232,11 +241,13 @@ class DeltaLogTail:
         implement, and `ChangeWithoutCdfError` if it deletes rows the log cannot name
         (unless skipping such commits); then nothing of this version is returned.
         """
+        ahead = self._fetch_announced(version)
         raw = self.log.commit(version)
         if raw is None:
             self._check_not_expired(version)
             return None
         actions = parse_actions(raw)
+        self._take_announced(version, actions, ahead)
         if self._next != version:
             self.start(version)
         before = self.state
@@ -293,6 +304,34 @@ class DeltaLogTail:
             )
         self.state, self._next = state, version + 1
         return commit
+
+    def _fetch_announced(self, version: int) -> Future[bytes] | None:
+        """A GET of the data file announced for `version`, sent now, on a remote store."""
+        announced = self._announced
+        if announced is None or announced[0] != version or self._store is None:
+            return None
+        if not hedge.remote(self._store):
+            return None
+        return hedge.get_later(self._store, f"{self.table}/{announced[1]}")
+
+    def _take_announced(
+        self, version: int, actions: dict[str, Any], ahead: Future[bytes] | None
+    ) -> None:
+        """Hand the file fetched ahead to the reader when `version` adds exactly it, and
+        note the file this version announces for the next one."""
+        expected = self._announced[1] if self._announced and self._announced[0] == version else None
+        info = (actions.get("commitInfo") or [{}])[0]
+        following = info.get(NEXT_DATA_FILE)
+        self._announced = (version + 1, following) if isinstance(following, str) else None
+        adds = actions.get("add") or []
+        if ahead is None or len(adds) != 1 or adds[0].get("path") != expected:
+            return
+        try:
+            data = ahead.result()
+        except Exception:  # noqa: BLE001 - the file is then read as usual
+            return
+        self.files.fetched_ahead(str(expected), data)
+        self.fetched_ahead += 1
 
     def rows(self, commit: Commit) -> pa.Table | None:
         """The rows `commit` changed: data columns, `_diff` (+1 inserted, -1 deleted),
