@@ -28,6 +28,13 @@ HELP = (
     "percentiles-vs-rate.png, runs/<backbone>-<rate>.json (details) and logs/. Exits 1 "
     "when a message was lost (produced, never seen) or a check failed, after writing the "
     "reports.\n\n"
+    "--soak-minutes M runs one rate for M minutes after the warm-up with lake maintenance "
+    "(compact, checkpoint, log cleanup, vacuum) every --maintenance-interval s, and reports "
+    "per --window-minutes window: p50/p99 (a log-bucketed histogram, within 1 %), CPU per "
+    "component, resident memory per process, objects and bytes under the run's prefix, "
+    "requests per second by class and the load average, in windows.json, windows.md and "
+    "windows.png, with its three goals (p99 drift, memory growth, object count) beside "
+    "their targets. No sample is kept per message (no report.md): memory stays flat.\n\n"
     "--store puts a latency-injecting proxy between every component and MinIO (toxiproxy, "
     "plus a per-request tail stage for s3-standard); the reports name the store profile. "
     "`deltabus store-check --store NAME` measures what a profile delivers per request.\n\n"
@@ -36,7 +43,9 @@ HELP = (
     "deltabus bench --rates 10000 --backbone both --out bench-out\n\n"
     "deltabus bench --rates 10000 --duration 60 --backlog-drain 10\n\n"
     "deltabus bench --rates 10k,150k --layouts 1x1,2x2,4x2 --rounds 3 --out layouts-out\n\n"
-    "deltabus bench --local-minio --store s3-standard --rates 10000 --out bench-out/s3-standard"
+    "deltabus bench --local-minio --store s3-standard --rates 10000 --out bench-out/s3-standard\n\n"
+    "deltabus bench --local-minio --rates 50000 --warmup 60 --soak-minutes 120 "
+    "--window-minutes 10 --vacuum-retention-hours 1 --out soak-out"
 )
 
 
@@ -44,7 +53,13 @@ def bench(
     rates: Annotated[
         str, typer.Option(help="Comma-separated target rates in msg/s (10000,30000 or 10k,30k).")
     ] = "10000",
-    duration: Annotated[float, typer.Option(help="Seconds of producing per rate.")] = 30,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds of producing per rate (default 30; a windowed soak: --warmup + "
+            "--soak-minutes)."
+        ),
+    ] = None,
     warmup: Annotated[
         float, typer.Option(help="Seconds at the start whose samples are discarded.")
     ] = 5,
@@ -131,8 +146,39 @@ def bench(
         ),
     ] = False,
     maintenance_interval: Annotated[
-        float, typer.Option(help="Soak: seconds between maintenance passes.")
-    ] = 60,
+        float | None,
+        typer.Option(
+            help="Soak: seconds between maintenance passes (default 60; with --soak-minutes "
+            "the window length, each pass half-way through a window)."
+        ),
+    ] = None,
+    soak_minutes: Annotated[
+        float,
+        typer.Option(
+            help="Scenario: a soak of this many minutes after the warm-up at one rate, with "
+            "maintenance, reported per --window-minutes window (windows.json, windows.md, "
+            "windows.png) with its goals; no per-message samples are kept.",
+        ),
+    ] = 0,
+    window_minutes: Annotated[
+        float, typer.Option(help="--soak-minutes: length of a window (minutes).")
+    ] = 10,
+    vacuum_retention_hours: Annotated[
+        int | None,
+        typer.Option(
+            help="Soak: vacuum removes files unreferenced for this many hours (whole hours, "
+            ">= 1). Default: 24 h or 4 x the run, whichever is longer; a shorter one lets "
+            "the object count level off within the run."
+        ),
+    ] = None,
+    log_retention_s: Annotated[
+        int | None,
+        typer.Option(
+            help="Log retention of the run's tables in seconds (delta.logRetentionDuration; "
+            "log files behind a checkpoint and older than this are cleaned up). Default: "
+            "DELTABUS_LOG_RETENTION_S, and with --soak-minutes 600 s when that is not set."
+        ),
+    ] = None,
     grace: Annotated[
         float,
         typer.Option(
@@ -187,11 +233,24 @@ def bench(
 ) -> None:
     from deltabus import cli_state as cli
     from deltabus.bench.config import BenchConfig, parse_backbones, parse_profile, parse_rates
+    from deltabus.errors import ConfigError
 
     parse_profile(profile)
+    settings = cli.settings()
+    if soak_minutes > 0:
+        if duration is not None:
+            raise ConfigError(
+                "--soak-minutes sets the run's length (--warmup + --soak-minutes)",
+                "give --soak-minutes or --duration, not both",
+            )
+        duration = warmup + soak_minutes * 60
+        if log_retention_s is None and settings.log_retention_s is None:
+            log_retention_s = SOAK_LOG_RETENTION_S
+    if maintenance_interval is None:
+        maintenance_interval = window_minutes * 60 if soak_minutes > 0 else 60.0
     config = BenchConfig(
         rates=parse_rates(rates),
-        duration=duration,
+        duration=30.0 if duration is None else duration,
         warmup=warmup,
         profile=profile,
         out=out,
@@ -206,6 +265,10 @@ def bench(
         recovery_threshold=recovery_threshold,
         soak=soak,
         maintenance_interval=maintenance_interval,
+        soak_minutes=soak_minutes,
+        window_minutes=window_minutes,
+        vacuum_retention_hours=vacuum_retention_hours,
+        log_retention_s=log_retention_s,
         grace=grace,
         consumer_poll_ms=poll_ms,
         etl_poll_ms=etl_poll_ms,
@@ -219,10 +282,12 @@ def bench(
     if layouts is not None:
         _compare_layouts(config, layouts, rounds, local_minio=local_minio, progress=progress)
         return
-    report = run(config, cli.settings(), local_minio=local_minio, show_progress=progress)
+    report = run(config, settings, local_minio=local_minio, show_progress=progress)
     errors = report.pop("errors", [])
     if cli.state.as_json:
         print(__import__("json").dumps(report))
+    elif config.windowed:
+        _print_soak(out, report)
     else:
         text = (out / "report.md").read_text()
         print(text.split("\n## All percentiles")[0].rstrip())
@@ -239,6 +304,23 @@ def bench(
 
 
 bench.__doc__ = HELP
+
+# A windowed soak's log retention when none is configured: log cleanup is part of what it
+# soaks, and ten minutes is far beyond the lag of a reader that keeps up.
+SOAK_LOG_RETENTION_S = 600
+
+
+def _print_soak(out: Path, report: dict) -> None:
+    """The goals (met or not, each figure beside its target) and the per-window table."""
+    from deltabus.bench.soak_report import goal_lines
+
+    text = (out / "windows.md").read_text()
+    print(text.split("\n## CPU per component")[0].rstrip())
+    print()
+    for line in goal_lines(report["goals"]):
+        print(line)
+    print(f"\nreport: {out / 'windows.md'}  (windows.json, windows.png and logs in {out})")
+
 
 STORE_CHECK_HELP = (
     "Measure what a store profile delivers: per-request latency through its proxy.\n\n"
@@ -313,6 +395,7 @@ def _compare_layouts(
             ("--backbone kafka", "kafka" in config.backbones),
             ("--backlog-drain", config.backlog_drain > 0),
             ("--soak", config.soak),
+            ("--soak-minutes", config.windowed),
             ("--serve", config.serve is not None),
         )
         if on
@@ -359,7 +442,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
         local_minio = not minio_configured(settings) and settings.storage == "minio"
     if local_minio:
         with throwaway_minio(notify=config.notify) as (minio_settings, pids):
-            with _store_proxy(config, minio_settings) as proxied:
+            with _store_proxy(config, minio_settings) as (proxied, proxy_pids):
                 return Bench(
                     config,
                     proxied,
@@ -367,6 +450,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
                     relay_pid=pids.get("relay"),
                     show_progress=show_progress,
                     metrics_endpoint=minio_settings.minio_endpoint,
+                    proxy_pids=proxy_pids,
                 ).run()
     if config.notify:
         raise ConfigError(
@@ -375,26 +459,29 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
             "and set DELTABUS_NOTIFY=true and DELTABUS_NOTIFY_URL (docs/design.md)",
         )
     Lake(settings).check(write=True)
-    with _store_proxy(config, settings) as proxied:
+    with _store_proxy(config, settings) as (proxied, proxy_pids):
         return Bench(
             config,
             proxied,
             minio_pid=_minio_pid(settings),
             show_progress=show_progress,
             metrics_endpoint=settings.minio_endpoint,
+            proxy_pids=proxy_pids,
         ).run()
 
 
 @contextmanager
-def _store_proxy(config: BenchConfig, settings: Settings) -> Iterator[Settings]:
-    """`settings` with MinIO reached through the store profile's proxy while it runs (the
-    loopback profile: `settings` unchanged, nothing started)."""
+def _store_proxy(
+    config: BenchConfig, settings: Settings
+) -> Iterator[tuple[Settings, dict[str, int]]]:
+    """(`settings` with MinIO reached through the store profile's proxy, the proxies' pids
+    by name) while it runs (the loopback profile: `settings` unchanged, nothing started)."""
     from deltabus.bench.store_profiles import StoreProxy, profile
     from deltabus.errors import ConfigError
 
     chosen = profile(config.store)
     if not chosen.proxied:
-        yield settings
+        yield settings, {}
         return
     if settings.storage != "minio":
         raise ConfigError(
@@ -402,7 +489,7 @@ def _store_proxy(config: BenchConfig, settings: Settings) -> Iterator[Settings]:
             "use --local-minio or a MinIO lake",
         )
     with StoreProxy(chosen, settings.minio_endpoint, config.out / "logs") as proxy:
-        yield settings.model_copy(update={"minio_endpoint": proxy.endpoint})
+        yield settings.model_copy(update={"minio_endpoint": proxy.endpoint}), proxy.pids
 
 
 def _minio_pid(settings) -> int | None:

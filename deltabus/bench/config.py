@@ -3,6 +3,7 @@ scenarios."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,12 @@ class BenchConfig:
     recovery_threshold: float = 1.0  # seconds: "latency back under" for the drain scenario
     soak: bool = False
     maintenance_interval: float = 60.0
+    # Soak in windows (deltabus.bench.soak_windows): minutes after the warm-up, in windows
+    # of `window_minutes`; 0: not a windowed soak.
+    soak_minutes: float = 0.0
+    window_minutes: float = 10.0
+    vacuum_retention_hours: int | None = None  # None: max(24 h, 4 x the run)
+    log_retention_s: int | None = None  # None: the lake settings' (DELTABUS_LOG_RETENTION_S)
     grace: float = 20.0  # seconds without progress after the producer ends => lost
     consumer_poll_ms: float = 20.0
     etl_poll_ms: float | None = None  # None: the ETL's own default
@@ -109,6 +116,15 @@ class BenchConfig:
             raise ConfigError("--drain-signal must be term or stop")
         if self.maintenance_interval <= 0:
             raise ConfigError("--maintenance-interval must be positive")
+        if self.vacuum_retention_hours is not None and self.vacuum_retention_hours < 1:
+            raise ConfigError(
+                f"--vacuum-retention-hours {self.vacuum_retention_hours} is below 1",
+                "vacuum's retention is in whole hours; a shorter one could remove files that "
+                "a lagging reader still needs",
+            )
+        if self.log_retention_s is not None and self.log_retention_s < 10:
+            raise ConfigError(f"--log-retention-s must be at least 10, got {self.log_retention_s}")
+        self._check_windowed()
         if not 0 <= self.idle_s <= 3600:
             raise ConfigError("--idle-s must be 0..3600 seconds")
         if self.grace <= 0:
@@ -123,6 +139,66 @@ class BenchConfig:
         for rate in self.rates:
             if rate % self.producers and rate / self.producers < 1:
                 raise ConfigError(f"rate {rate} split over {self.producers} producers is < 1")
+
+    def _check_windowed(self) -> None:
+        if self.soak_minutes < 0:
+            raise ConfigError(f"--soak-minutes must be >= 0, got {self.soak_minutes:g}")
+        if not self.windowed:
+            return
+        if not self.window_minutes > 0:
+            raise ConfigError(f"--window-minutes must be positive, got {self.window_minutes:g}")
+        ratio = self.soak_minutes / self.window_minutes
+        if ratio < 2 - 1e-9 or abs(ratio - round(ratio)) > 1e-9:
+            raise ConfigError(
+                f"--soak-minutes {self.soak_minutes:g} is not a whole number (at least 2) of "
+                f"--window-minutes {self.window_minutes:g}",
+                "the goals compare the first window with the last: e.g. --soak-minutes 120 "
+                "--window-minutes 10",
+            )
+        if abs(self.duration - (self.warmup + self.soak_minutes * 60)) > 1e-6:
+            raise ConfigError("a windowed soak lasts --warmup + --soak-minutes; give no --duration")
+        others = [
+            name
+            for name, on in (
+                ("more than one rate", len(self.rates) > 1),
+                ("--backbone kafka/both", self.backbones != ("delta",)),
+                ("--backlog-drain", self.backlog_drain > 0),
+                ("--idle-s", self.idle_s > 0),
+                ("--serve", self.serve is not None),
+            )
+            if on
+        ]
+        if others:
+            raise ConfigError(
+                f"--soak-minutes runs one Delta rate with maintenance; {', '.join(others)} "
+                "is not part of it"
+            )
+
+    @property
+    def windowed(self) -> bool:
+        """A soak in windows (`--soak-minutes`)."""
+        return self.soak_minutes > 0
+
+    @property
+    def window_s(self) -> float:
+        return self.window_minutes * 60
+
+    @property
+    def windows(self) -> int:
+        """How many windows a windowed soak has."""
+        return round(self.soak_minutes / self.window_minutes) if self.windowed else 0
+
+    @property
+    def maintenance(self) -> bool:
+        """Lake maintenance runs beside the load (`--soak`, `--soak-minutes`)."""
+        return self.soak or self.windowed
+
+    @property
+    def vacuum_hours(self) -> int:
+        """Vacuum's retention: `--vacuum-retention-hours`, else 24 h or 4 x the run."""
+        if self.vacuum_retention_hours is not None:
+            return self.vacuum_retention_hours
+        return math.ceil(max(24.0, self.duration / 3600 * 4))
 
     @property
     def commit_interval(self) -> float:

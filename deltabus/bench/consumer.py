@@ -3,6 +3,8 @@
 `seen_ms` is stamped once the rows are in the consumer's hands (after the read), as a
 user's consumer would experience it. Live statistics (window percentiles, running p99
 from a 1 ms histogram) feed the progress display without touching the stored samples.
+Every batch is kept for the per-message analysis, or, given a `sink`, handed to it and
+not kept (a windowed soak aggregates as it goes: deltabus.bench.soak_windows).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import polars as pl
@@ -96,13 +99,20 @@ class LiveStats:
         return dict(out)
 
 
-class TailConsumer(threading.Thread):
-    """Base: poll, stamp, keep every batch; subclasses implement `poll_once`."""
+Sink = Callable[[pa.Table], None]
 
-    def __init__(self, poll_s: float, stats: LiveStats, name: str) -> None:
+
+class TailConsumer(threading.Thread):
+    """Base: poll, stamp, keep every batch (or hand it to `sink`, keeping none: `table()`
+    is then empty); subclasses implement `poll_once`."""
+
+    def __init__(
+        self, poll_s: float, stats: LiveStats, name: str, sink: Sink | None = None
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self.poll_s = poll_s
         self.stats = stats
+        self.sink = sink
         self.stop_event = threading.Event()
         self.parts: list[pa.Table] = []
         self.rows = 0
@@ -126,7 +136,10 @@ class TailConsumer(threading.Thread):
                 if batch is None or batch.num_rows == 0:
                     self.idle()
                     continue
-                self.parts.append(batch)
+                if self.sink is not None:
+                    self.sink(batch)
+                else:
+                    self.parts.append(batch)
                 self.rows += batch.num_rows
                 inserts = batch.filter(pc.equal(batch["diff"], 1))
                 self.inserted += inserts.num_rows
@@ -171,11 +184,18 @@ class DeltaUnifiedConsumer(TailConsumer):
 
     DATA_COLUMNS = ["message", "timestamp", "time", "diff"]
 
-    def __init__(self, lake, poll_s: float, stats: LiveStats, table: str | None = None) -> None:
+    def __init__(
+        self,
+        lake,
+        poll_s: float,
+        stats: LiveStats,
+        table: str | None = None,
+        sink: Sink | None = None,
+    ) -> None:
         from deltabus.lake import UNIFIED_TABLE
 
         self.table_name = table or UNIFIED_TABLE
-        super().__init__(poll_s, stats, name=f"consumer-{self.table_name}")
+        super().__init__(poll_s, stats, name=f"consumer-{self.table_name}", sink=sink)
         self.lake = lake
         self.dt = None
         self.next_version = 0  # 0: the version after the current one when it starts
@@ -251,8 +271,10 @@ class PartitionedConsumer:
     a reader of a partitioned stream reads every partition (as a Kafka consumer of every
     partition of a topic would)."""
 
-    def __init__(self, lake, poll_s: float, stats: LiveStats, tables: list[str]) -> None:
-        self.parts = [DeltaUnifiedConsumer(lake, poll_s, stats, table=t) for t in tables]
+    def __init__(
+        self, lake, poll_s: float, stats: LiveStats, tables: list[str], sink: Sink | None = None
+    ) -> None:
+        self.parts = [DeltaUnifiedConsumer(lake, poll_s, stats, table=t, sink=sink) for t in tables]
         self.next_versions: dict[str, int] = {}
         self.ready = threading.Event()
 

@@ -2,8 +2,13 @@
 
 Runs as its own process (`python -m deltabus.bench.maintenance_loop --interval 60`) on
 the lake the DELTABUS_* environment names, printing one JSON line per pass, until
-SIGTERM. Retention is far longer than any benchmark, so vacuum never removes a file a
-lagging reader still needs.
+SIGTERM. Vacuum's retention (`--retention-hours`, whole hours, default 24) is far longer
+than any reader's lag, so vacuum never removes a file a lagging reader still needs.
+
+Without `--first-at`, a pass starts `--interval` s after the previous one ended (and
+after the start). With `--first-at EPOCH_S`, passes are due at EPOCH_S + k x interval
+(k = 0, 1, ...), whatever each takes (a slot that a long pass overran is skipped), so they
+keep their place within the soak's windows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="periodic lake maintenance for soak runs")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between passes")
     parser.add_argument("--retention-hours", type=float, default=24.0)
+    parser.add_argument(
+        "--first-at", type=float, default=None, help="epoch seconds of the first pass"
+    )
     args = parser.parse_args(argv)
     from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
     from deltabus.logs import setup_logging
@@ -30,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     lake = Lake(load_settings())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    while not stop.wait(args.interval):
+    while not stop.wait(_until_next(args.first_at, args.interval)):
         started = time.time()
         try:
             done = maintain(lake, (*INPUT_TABLES, UNIFIED_TABLE), args.retention_hours)
@@ -45,6 +53,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(event) + "\n")
         sys.stdout.flush()
     return 0
+
+
+def _until_next(first_at: float | None, interval: float) -> float:
+    """Seconds to wait for the next pass."""
+    if first_at is None:
+        return interval
+    now = time.time()
+    if now <= first_at:
+        return first_at - now
+    return interval - (now - first_at) % interval
 
 
 if __name__ == "__main__":

@@ -103,3 +103,42 @@ def percentiles_vs_rate(path: Path, profile: str, runs: list[dict]) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def soak_windows_plot(path: Path, report: dict) -> Path:
+    """A windowed soak per window: p50/p99 (s), resident memory per process (MB) and the
+    objects under the run's prefix; the x axis is minutes after the warm-up."""
+    from matplotlib.figure import Figure
+
+    windows = report["windows"]
+    t0 = windows[0]["start_s"]
+    x = [(w["end_s"] - t0) / 60 for w in windows]
+    fig = Figure(figsize=(9, 9), dpi=100)
+    lat, mem, obj = fig.subplots(3, 1, sharex=True)
+    for key, style in (("p50_s", "-o"), ("p99_s", "--s")):
+        lat.plot(x, [w[key] for w in windows], style, markersize=4, label=key.removesuffix("_s"))
+    lat.set_ylabel("latency (s)")
+    lat.set_ylim(bottom=0)
+    lat.set_title(
+        f"soak at {report['rate']:,} msg/s, commit {report['profile']}, store "
+        f"{report['store']['profile']}: per {report['window_minutes']:g}-min window"
+    )
+    names: list[str] = []
+    for w in windows:
+        names += [n for n in w["rss_mb"] if n not in names]
+    for name in names:
+        mem.plot(x, [w["rss_mb"].get(name) for w in windows], "-o", markersize=3, label=name)
+    mem.set_ylabel("resident memory (MB)")
+    mem.set_ylim(bottom=0)
+    counts = [None if w["objects"] is None else w["objects"]["objects"] for w in windows]
+    obj.plot(x, counts, "-o", markersize=4, color="tab:green", label="objects")
+    obj.set_ylabel("objects under the prefix")
+    obj.set_ylim(bottom=0)
+    obj.set_xlabel("minutes after the warm-up (window end)")
+    for ax in (lat, mem, obj):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path

@@ -4,6 +4,10 @@ its own process, open-loop producers, a tailing consumer; then samples, report, 
 Methodology (as OpenMessagingBenchmark): every message carries its scheduled send time;
 the warm-up is discarded; the report counts exactly the samples taken, and a message
 that was scheduled but never seen is a loss, reported (and the command fails).
+
+A windowed soak (`--soak-minutes`) keeps no sample: the consumer hands its batches to
+`deltabus.bench.soak_windows`, which aggregates them per window as they come, and the
+run ends with windows.json/.md/.png (deltabus.bench.soak_report) instead of report.md.
 """
 
 from __future__ import annotations
@@ -76,12 +80,20 @@ class Bench:
         relay_pid: int | None = None,
         show_progress: bool = True,
         metrics_endpoint: str | None = None,
+        proxy_pids: dict[str, int] | None = None,
     ) -> None:
         """`settings` is the lake every component uses (through the store profile's proxy,
-        if any); `metrics_endpoint` the MinIO whose metrics count the requests (default:
-        `settings.minio_endpoint`)."""
+        if any); `metrics_endpoint` the MinIO whose metrics count the requests and whose
+        objects a windowed soak lists (default: `settings.minio_endpoint`); `proxy_pids`
+        the store profile's proxies, sampled per window by a windowed soak. A
+        `cfg.log_retention_s` overrides the settings' log retention for every table and
+        process of the run."""
         self.cfg = cfg
+        if cfg.log_retention_s is not None:
+            settings = settings.model_copy(update={"log_retention_s": cfg.log_retention_s})
         self.settings = settings
+        self.metrics_endpoint = metrics_endpoint or settings.minio_endpoint
+        self.proxy_pids = dict(proxy_pids or {})
         self.minio_pid = minio_pid
         self.relay_pid = relay_pid
         self.show_progress = show_progress
@@ -119,6 +131,12 @@ class Bench:
             "+".join(self.cfg.backbones),
             Lake(self.settings.with_prefix(self.base_prefix)).root,
         )
+        if self.cfg.windowed:  # one rate, Delta: windows.json/.md/.png, no report.md
+            from deltabus.bench.soak_report import write_soak_files
+
+            report, _ = self.run_one("delta", self.cfg.rates[0])
+            write_soak_files(self.out, report)
+            return report
         runs, details = [], []
         for rate in self.cfg.rates:
             for backbone in self.cfg.backbones:
@@ -135,6 +153,9 @@ class Bench:
         log.info("%s at %s msg/s: lake prefix %s", backbone, f"{rate:,}", prefix)
         if backbone == "kafka":
             inputs, seen = self._run_kafka(lake, state)
+        elif self.cfg.windowed:
+            report = self._run_delta_windowed(lake, state)
+            return report, report
         else:
             inputs, seen = self._run_delta(lake, state)
         return evaluate_run(self.cfg, lake, state, inputs, seen)
@@ -172,7 +193,77 @@ class Bench:
         )
         return ChildProcess(name, command, env, self.work).start()
 
-    def _run_delta(self, lake: Lake, state: RunState) -> tuple[pa.Table, pa.Table]:
+    def _run_delta_windowed(self, lake: Lake, state: RunState) -> dict[str, Any]:
+        """A windowed soak: the Delta run with its consumer's batches aggregated per window
+        as they come (nothing kept per message), maintenance passes mid-window, and the
+        report so far rewritten at every window's end."""
+        from deltabus.bench.soak_report import build_soak_report, write_soak_files
+        from deltabus.bench.soak_windows import ObjectCounter, SoakWindows
+
+        cfg = self.cfg
+        direct = self.settings
+        if direct.storage == "minio":
+            direct = direct.model_copy(update={"minio_endpoint": self.metrics_endpoint})
+        objects = ObjectCounter(Lake(direct.with_prefix(lake.settings.prefix)))
+        state.specs = self._specs("delta", state.rate)
+        soak = SoakWindows(
+            specs=state.specs,
+            warmup_s=cfg.warmup,
+            window_s=cfg.window_s,
+            windows=cfg.windows,
+            objects=objects,
+            requests=(
+                RequestMeter(self.metrics_endpoint) if self.settings.storage == "minio" else None
+            ),
+        )
+        maintenance_log: list[Path] = []
+
+        def report(final: bool) -> dict[str, Any]:
+            events = _json_lines(maintenance_log[0]) if maintenance_log else []
+            return build_soak_report(
+                cfg,
+                soak,
+                machine=self.machine,
+                start_ms=state.start_ms,
+                lake_prefix=lake.settings.prefix,
+                log_retention_s=lake.settings.log_retention_s,
+                events=events,
+                run_errors=state.errors,
+                notes=state.notes,
+                whole_run_cpu=state.cpu or None,
+                whole_run_requests=state.requests,
+                final=final,
+            )
+
+        def progress(k: int) -> None:
+            current = report(final=False)
+            write_soak_files(self.out, current)
+            w = current["windows"][-1]
+            log.info(
+                "window %d/%d: p50 %s s, p99 %s s, objects %s, RSS MB %s",
+                k + 1,
+                soak.n,
+                w["p50_s"],
+                w["p99_s"],
+                (w["objects"] or {}).get("objects", "n/a"),
+                ", ".join(f"{n} {v:.0f}" for n, v in w["rss_mb"].items()),
+            )
+
+        soak.monitor.on_window = progress
+        self._run_delta(lake, state, soak=soak, maintenance_log=maintenance_log)
+        return report(final=True)
+
+    def _run_delta(
+        self,
+        lake: Lake,
+        state: RunState,
+        soak: Any = None,
+        maintenance_log: list[Path] | None = None,
+    ) -> tuple[pa.Table, pa.Table]:
+        """One Delta run. With `soak` (a `SoakWindows`), the consumer's batches go to it,
+        the maintenance loop starts with the schedule (its passes half an interval into
+        each window), its stdout path is appended to `maintenance_log`, and the returned
+        tables are empty: nothing was kept per message."""
         from deltabus.tables import INPUT_SCHEMA, UNIFIED_SCHEMA, ensure_table
 
         cfg = self.cfg
@@ -203,16 +294,18 @@ class Bench:
         cpu.watch("minio", self.minio_pid)
         cpu.watch("notify relay", self.relay_pid)  # with --notify only (None: not watched)
         cpu.watch(self._bench_cpu_name, os.getpid())
-        state.specs = self._specs("delta", state.rate)
+        if soak is None:
+            state.specs = self._specs("delta", state.rate)
         handles: list[ProducerHandle] = []
         maint: ChildProcess | None = None
         stats = LiveStats()
+        sink = soak.latency.add if soak is not None else None
         consumer: DeltaUnifiedConsumer | PartitionedConsumer
         if layout.partitions == 1:
-            consumer = DeltaUnifiedConsumer(lake, cfg.consumer_poll_ms / 1000, stats)
+            consumer = DeltaUnifiedConsumer(lake, cfg.consumer_poll_ms / 1000, stats, sink=sink)
         else:
             consumer = PartitionedConsumer(
-                lake, cfg.consumer_poll_ms / 1000, stats, layout.unified_tables
+                lake, cfg.consumer_poll_ms / 1000, stats, layout.unified_tables, sink=sink
             )
             consumer.next_versions = first_versions
         etls = [etl, *(e for e, _ in more_etls)]
@@ -238,28 +331,41 @@ class Bench:
             consumer.ready.wait(60)
             if serving is not None:
                 serving.start(lake.settings.prefix, env, cpu)
-            if cfg.soak:
-                maint = ChildProcess(
-                    f"{tag}-maintenance",
-                    [
-                        sys.executable,
-                        "-m",
-                        "deltabus.bench.maintenance_loop",
-                        "--interval",
-                        str(cfg.maintenance_interval),
-                        "--retention-hours",
-                        str(max(24.0, cfg.duration / 3600 * 4)),
-                    ],
-                    env,
-                    self.work,
-                ).start()
+            if cfg.maintenance and soak is None:
+                maint = self._maintenance(tag, env)
                 cpu.watch("maintenance", maint.pid)
+            begin = None
+            if soak is not None:
+                for name, pid in cpu.pids.items():
+                    soak.monitor.watch(name, pid, tree=name in cpu.trees)
+                for h in handles:
+                    soak.monitor.watch(f"producer {h.spec.run_id}", h.pid)
+                for name, pid in self.proxy_pids.items():  # the network's stand-in
+                    soak.monitor.watch(name, pid)
+                    soak.not_judged.add(name)
+
+                def begin(start_ms: float) -> None:
+                    nonlocal maint
+                    first = start_ms / 1000 + cfg.warmup + cfg.maintenance_interval / 2
+                    maint = self._maintenance(tag, env, first_at=first)
+                    if maintenance_log is not None:
+                        maintenance_log.append(maint.stdout_path)
+                    cpu.watch("maintenance", maint.pid)
+                    soak.monitor.watch("maintenance", maint.pid)
+                    soak.begin(start_ms)
 
             def drain(elapsed: float) -> None:
                 self._drain_step(elapsed, state, etls, lake, env, cpu, tag, ready)
 
             self._drive(
-                state, handles, consumer, stats, cpu, etls, drain if cfg.backlog_drain else None
+                state,
+                handles,
+                consumer,
+                stats,
+                cpu,
+                etls,
+                drain if cfg.backlog_drain else None,
+                begin=begin,
             )
             if serving is not None:
                 total = sum(s.total for s in state.specs)
@@ -269,6 +375,9 @@ class Bench:
                 state.idle = self._measure_idle(cpu.pids, cfg.idle_s)
                 state.idle.update(self._first_after_idle(lake, consumer) or {})
         finally:
+            if soak is not None:  # the last window's figures, before anything stops
+                ended = bool(handles) and all(h.done() for h in handles)
+                soak.finish(aborted=not ended or bool(state.errors))
             for h in handles:
                 h.kill()
             for e in etls:
@@ -290,7 +399,26 @@ class Bench:
                 state.served, state.serving_report = serving.served(), serving.report
         if consumer.error is not None:
             state.errors.append(f"consumer failed: {consumer.error}")
+        if soak is not None:  # nothing kept per message: the windows have it all
+            return INPUT_SCHEMA.empty_table(), consumer.table()
         return _without_after_idle(delta_inputs(lake)), _without_after_idle(consumer.table())
+
+    def _maintenance(self, tag: str, env: dict, first_at: float | None = None) -> ChildProcess:
+        """The maintenance loop (deltabus.bench.maintenance_loop) as its own process: every
+        `--maintenance-interval` s, from `first_at` (epoch s) when given."""
+        cfg = self.cfg
+        args = [
+            sys.executable,
+            "-m",
+            "deltabus.bench.maintenance_loop",
+            "--interval",
+            str(cfg.maintenance_interval),
+            "--retention-hours",
+            str(cfg.vacuum_hours),
+        ]
+        if first_at is not None:
+            args += ["--first-at", f"{first_at:.3f}"]
+        return ChildProcess(f"{tag}-maintenance", args, env, self.work).start()
 
     def _drain_step(
         self,
@@ -505,13 +633,19 @@ class Bench:
         cpu: CpuMeter,
         etls: list[ChildProcess],
         drain,
+        begin=None,
     ) -> None:
+        """Start the producers on one schedule, show progress until they end, then wait
+        for the consumer. `begin(start_ms)` is called with the schedule origin (epoch ms)
+        before any producer gets it."""
         cfg = self.cfg
         requests = self.minio_requests if state.backbone == "delta" else None
         total = sum(s.total for s in state.specs)
         start_us = int((time.time() + START_DELAY_S) * 1_000_000)
         state.start_ms = start_us / 1000
         stats.warmup_end_ms = state.start_ms + cfg.warmup * 1000
+        if begin is not None:
+            begin(state.start_ms)
         for h in handles:
             h.start(start_us)
         started = False
