@@ -6,6 +6,7 @@ S3's own guidance (retry a request still unanswered well past its usual time), `
 sends the same GET again once the first has taken longer than the 95th percentile of the
 store's recent GETs, and returns whichever answers first. A GET is idempotent, so the
 second request costs only itself: about one GET in twenty (docs/adr/0004-hedged-reads.md).
+On a local store (a median GET under 5 ms) requests are only timed, not hedged.
 `put_new` does the same for a PUT that creates an object (If-None-Match): when both
 requests of a pair are refused because the object exists, it reads the object back, and
 only a body other than ours is a rival's.
@@ -96,6 +97,12 @@ def remote(store: Any) -> bool:
     return timer.enabled and median is not None and median > REMOTE_MEDIAN_S
 
 
+def _is_remote(timer: GetTimer) -> bool:
+    """Hedging pays where requests take long: until the GETs' median is known, assume so."""
+    median = timer.median_s
+    return median is None or median > REMOTE_MEDIAN_S
+
+
 def get_later(store: Any, key: str) -> Future[bytes]:
     """`get(store, key)` on a thread of its own pool: its answer when it is needed."""
     return _AHEAD.submit(get, store, key)
@@ -117,6 +124,8 @@ def get(store: Any, key: str) -> bytes:
     if not timer.enabled:
         return bytes(obstore.get(store, key).bytes())
     timer.sent += 1
+    if not _is_remote(timer):  # a local store: no thread hop, only the timing
+        return _fetch(store, key, timer)
     first = _POOL.submit(_fetch, store, key, timer)
     try:
         return first.result(timeout=timer.after_s)
@@ -150,11 +159,15 @@ def put_new(store: Any, key: str, body: bytes) -> None:
 
 
 def _put_hedged(store: Any, key: str, body: bytes) -> None:
-    if not timer_of(store).enabled:
+    gets = timer_of(store)
+    if not gets.enabled:
         obstore.put(store, key, body, mode="create")
         return
     timer = timer_of(store, "PUT")
     timer.sent += 1
+    if not _is_remote(gets):
+        _put(store, key, body, timer)
+        return
     first = _POOL.submit(_put, store, key, body, timer)
     try:
         first.result(timeout=timer.after_s)
