@@ -98,10 +98,9 @@ def served_position(dsn: str, sink: str) -> dict[str, Any] | None:
     )
 
 
-def compare(lake: Lake, dsn: str, table: str) -> dict[str, Any]:
-    """Counts and examples of what differs between the served table and the net content."""
-    net = unified_net(lake)
-    rows = served(dsn, table)
+def difference(net: pl.DataFrame, rows: pl.DataFrame) -> dict[str, Any]:
+    """Counts and examples of what differs between served `rows` (message, timestamp)
+    and the unified net content `net` (`unified_net`)."""
     expected = net.unique("message")
     missing = expected.join(rows, on="message", how="anti")
     extra = rows.join(expected, on="message", how="anti")
@@ -120,20 +119,23 @@ def compare(lake: Lake, dsn: str, table: str) -> dict[str, Any]:
     }
 
 
-def serving_lag(lake: Lake, dsn: str, sink: str) -> dict[str, Any]:
-    """How far the served table is behind timezone_unified: versions, and seconds since
-    the oldest unified commit it does not hold yet (0 when it holds them all)."""
-    import json
+def compare(lake: Lake, dsn: str, table: str) -> dict[str, Any]:
+    """Counts and examples of what differs between the served table and the net content."""
+    return difference(unified_net(lake), served(dsn, table))
+
+
+def unified_lag(lake: Lake, position: int) -> dict[str, Any]:
+    """How far a sink at `position` is behind timezone_unified: versions, and seconds
+    since the oldest unified commit it does not hold yet (0 when it holds them all;
+    None when that commit's log file has expired)."""
     import time
 
     from deltabus.delta_protocol import parse_actions
     from deltabus.tail import DeltaLogTail
 
     latest = lake.open(UNIFIED_TABLE).version()
-    row = served_position(dsn, sink)
-    position = -1 if row is None else int(row["version"])
     lag_s: float | None = 0.0
-    if position < latest:  # None: that commit's log file expired (far behind)
+    if position < latest:
         raw = DeltaLogTail(lake, UNIFIED_TABLE).log.commit(position + 1)
         info = (parse_actions(raw).get("commitInfo") or [{}])[0] if raw else {}
         committed_ms = info.get("inCommitTimestamp", info.get("timestamp"))
@@ -145,5 +147,14 @@ def serving_lag(lake: Lake, dsn: str, sink: str) -> dict[str, Any]:
         "unified_version": latest,
         "versions_behind": max(0, latest - position),
         "lag_s": lag_s,
-        "position_row": json.dumps(row, default=str) if row else None,
     }
+
+
+def serving_lag(lake: Lake, dsn: str, sink: str) -> dict[str, Any]:
+    """How far the served table is behind timezone_unified (`unified_lag`), with the
+    sink's position row."""
+    import json
+
+    row = served_position(dsn, sink)
+    lag = unified_lag(lake, -1 if row is None else int(row["version"]))
+    return lag | {"position_row": json.dumps(row, default=str) if row else None}

@@ -26,14 +26,15 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
-from deltabus.errors import ConfigError
+from deltabus.errors import ConfigError, DeltabusError
 from deltabus.serving import pg
+from deltabus.serving.changes import message_changes
+from deltabus.serving.sink_loop import Applied, PositionMovedError
 
 log = logging.getLogger(__name__)
 
@@ -89,66 +90,15 @@ def storable(changes: pl.DataFrame) -> pl.DataFrame:
 
 
 def net_changes(rows: pa.Table | None) -> pl.DataFrame:
-    """What a run of unified rows (in version order) changes in the served table.
-
-    Per (message, timestamp) the diffs are summed: a row inserted and retracted within
-    the run changes nothing. What is left is a retraction (diff -1: delete the message's
-    row if it holds that timestamp) or an insertion (diff +1: the message's row becomes
-    this one; the latest version wins). Returns the changes (STAGE_COLUMNS), every
-    message in its stored form.
-    """
-    empty = pl.DataFrame(
-        schema={"message": pl.String, "message_escaped": pl.Boolean}
-        | {"timestamp": pl.Float64, "time": pl.Int64, "version": pl.Int64, "diff": pl.Int64}
-    )
-    if rows is None or rows.num_rows == 0:
-        return empty
-    frame = pl.from_arrow(rows)
-    assert isinstance(frame, pl.DataFrame)
-    net = (
-        frame.group_by("message", "timestamp")
-        .agg(
-            pl.col("diff").sum().alias("diff"),
-            pl.col("time").filter(pl.col("diff") > 0).max().alias("time"),
-            pl.col("_commit_version").max().alias("version"),
-        )
-        .filter(pl.col("diff") != 0)
-    )
-    deletes = net.filter(pl.col("diff") < 0).with_columns(diff=pl.lit(-1, pl.Int64))
-    inserts = (
-        net.filter(pl.col("diff") > 0)
-        .sort("version", "time")
-        .unique("message", keep="last")
-        .with_columns(diff=pl.lit(1, pl.Int64))
-    )
-    changes = pl.concat([deletes, inserts]).select(
-        pl.col("message").cast(pl.String),
-        pl.col("timestamp").cast(pl.Float64),
-        pl.col("time").cast(pl.Int64).fill_null(0),
-        pl.col("version").cast(pl.Int64),
-        pl.col("diff").cast(pl.Int64),
-    )
-    return storable(changes)
-
-
-class PositionMovedError(Exception):
-    """Another sink of the same name moved the position: start again from `stored`."""
-
-    def __init__(self, stored: int) -> None:
-        super().__init__(f"the position moved to {stored}")
-        self.stored = stored
-
-
-@dataclass
-class Applied:
-    inserted: int
-    deleted: int
-    committed_ms: float
-    escaped: int = 0  # of the rows inserted, those holding a NUL (stored escaped)
+    """What a run of unified rows (in version order) changes in the served table
+    (deltabus.serving.changes), every message in its stored form (STAGE_COLUMNS)."""
+    return storable(message_changes(rows))
 
 
 class PostgresTarget:
     """One served table and its sink's position row, over one connection."""
+
+    system = "PostgreSQL"
 
     def __init__(self, dsn: str, table: str, source: str, sink: str | None = None) -> None:
         self.dsn = dsn
@@ -159,6 +109,28 @@ class PostgresTarget:
 
     def describe(self) -> str:
         return f"table {self.table} on {pg.describe(self.dsn)}"
+
+    def recreated_hint(self) -> str:
+        return (
+            f"drop the served table and its row in {POSITION_TABLE} to serve the new table "
+            "from its start"
+        )
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return pg.is_transient(exc)
+
+    def user_error(self, exc: BaseException) -> DeltabusError | None:
+        return pg.user_error(exc, self.dsn)
+
+    def redact(self, text: str) -> str:
+        return pg.redact(text, self.dsn)
+
+    def changes(self, rows: pa.Table | None) -> pl.DataFrame:
+        return net_changes(rows)
+
+    def snapshot_version(self, latest: int) -> int:
+        """A snapshot loads in one transaction: always the newest version."""
+        return latest
 
     # -- connection and schema ------------------------------------------------------------
 
@@ -175,6 +147,9 @@ class PostgresTarget:
             if error is not None:
                 raise error from None
             raise
+
+    def connected(self) -> bool:
+        return self.con is not None and not self.con.closed
 
     def close(self) -> None:
         if self.con is not None:
