@@ -12,13 +12,27 @@ from assets.automation import (
 )
 from assets.benchmark import benchmark_report
 from assets.checks import UNIFIED_CHECKS
+from assets.indexing import INDEXING_CHECKS, indexed_unified
 from assets.latency import latency_percentiles, p99_within_limit
 from assets.operations import etl_service_start_job, etl_service_stop_job, maintenance_job
 from assets.serving import SERVING_CHECKS, served_unified
 from assets.tables import results_csv, stream_window
 
-ASSETS = [stream_window, results_csv, latency_percentiles, benchmark_report, served_unified]
-ASSET_CHECKS = [*UNIFIED_CHECKS, p99_within_limit, etl_service_health, *SERVING_CHECKS]
+ASSETS = [
+    stream_window,
+    results_csv,
+    latency_percentiles,
+    benchmark_report,
+    served_unified,
+    indexed_unified,
+]
+ASSET_CHECKS = [
+    *UNIFIED_CHECKS,
+    p99_within_limit,
+    etl_service_health,
+    *SERVING_CHECKS,
+    *INDEXING_CHECKS,
+]
 JOBS = [
     pipeline_job,
     producer_run_job,

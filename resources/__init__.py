@@ -10,6 +10,7 @@ from __future__ import annotations
 from resources.duck import delta_views, duckdb_resource
 from resources.etl import EtlServiceResource, etl_command
 from resources.lake import LakeResource
+from resources.opensearch import OpenSearchResource, opensearch_resource
 from resources.postgres import PostgresResource, postgres_resource
 from resources.s3 import ensure_bucket, list_table_objects, minio_s3_resource
 
@@ -25,14 +26,16 @@ def default_resources() -> dict[str, object]:
 
 
 def serving_resources() -> dict[str, object]:
-    """The serving sink's database (DELTABUS_POSTGRES_DSN), bound by `definitions.py` for
-    served_unified only: a run that does not serve never needs the variable."""
-    return {"postgres": postgres_resource()}
+    """The serving sinks' database (DELTABUS_POSTGRES_DSN) and search cluster
+    (DELTABUS_OPENSEARCH_URL), bound by `definitions.py` for served_unified and
+    indexed_unified only: a run that does not serve never needs the variables."""
+    return {"postgres": postgres_resource(), "opensearch": opensearch_resource()}
 
 
 __all__ = [
     "EtlServiceResource",
     "LakeResource",
+    "OpenSearchResource",
     "PostgresResource",
     "default_resources",
     "serving_resources",

@@ -49,6 +49,7 @@ def test_everything_the_docs_name_is_defined():
         "latency_percentiles",
         "benchmark_report",
         "served_unified",
+        "indexed_unified",
     }
     assert {d.asset_key.to_user_string() for d in specs["timezone_unified"].deps} == set(
         INPUT_TABLES
