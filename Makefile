@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean
+.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -58,10 +58,19 @@ bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweep on a thr
 	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --duration 60 --warmup 15 --idle-s 60 --out bench-out/idle
 	$(PY) -m deltabus bench --local-minio --store s3-standard --profile 100ms --rates 10000,30000,70000 --duration 60 --warmup 15 --out bench-out/s3-standard
 
+opensearch-jars:  ## fetch the embedded OpenSearch node's jars with Maven (cached in ~/.cache/deltabus)
+	bash platform/opensearch.sh fetch
+
+opensearch: venv opensearch-jars  ## start a local OpenSearch node on loopback for the index sink (writes its URL to .env)
+	$(PY) -m deltabus opensearch up
+
+opensearch-down:  ## stop the local OpenSearch node
+	$(PY) -m deltabus opensearch down
+
 kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/kafka.sh fetch
 
-test: venv minio-bin kafka-jars toxiproxy-bin  ## run the test suite (starts its own MinIO)
+test: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run the test suite (starts its own MinIO)
 	$(PY) -m pytest -q
 
 spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delta/s3a jars from Maven; cached)

@@ -20,6 +20,7 @@ from deltabus.errors import ConfigError, user_storage_error
 from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.logs import setup_logging
 from deltabus.processes import apply_process_defaults
+from deltabus.serving.opensearch_cli import opensearch_app, serve_opensearch
 
 log = logging.getLogger("deltabus")
 
@@ -453,6 +454,8 @@ postgres_app = typer.Typer(
     help="A local PostgreSQL server on loopback for development.", no_args_is_help=True
 )
 app.add_typer(postgres_app, name="postgres")
+app.add_typer(opensearch_app, name="opensearch")
+serve_app.command("opensearch")(serve_opensearch)
 
 
 def postgres_dsn(dsn: str | None) -> str:

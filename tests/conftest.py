@@ -7,6 +7,7 @@ an empty file (so no `./.env` is read, here or in a child inheriting this enviro
 and DAGSTER_HOME is a directory of this session. Each test and each child process it
 starts gets its settings from its fixtures alone. Variables that steer the tests
 themselves stay, e.g. DELTABUS_TEST_POSTGRES_DSN (an existing PostgreSQL, tests/pg_fixture.py),
+DELTABUS_TEST_OPENSEARCH_URL (an existing OpenSearch, tests/opensearch_fixture.py),
 DELTABUS_RETRY_MAX_WAIT_S, DELTABUS_MINIO_BIN, DELTABUS_CACHE, DELTABUS_CHAOS_*,
 DELTABUS_SPARK_REQUIRED, DELTABUS_PYTEST_HARD_EXIT, CI.
 """
@@ -34,7 +35,7 @@ from deltabus.settings import ENV_FILE_VAR, Settings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"
-pytest_plugins = ["tests.pg_fixture", "tests.store_fixture"]
+pytest_plugins = ["tests.pg_fixture", "tests.store_fixture", "tests.opensearch_fixture"]
 # Settings variables the tests read as their own controls, not as the lake's settings.
 TEST_CONTROLS = frozenset({"DELTABUS_RETRY_MAX_WAIT_S"})
 
