@@ -234,7 +234,7 @@ class Lake:
     def _probe_s3(self, client: Any) -> None:
         """Put a small object under the lake prefix and delete it (a key without
         s3:DeleteObject, which only maintenance needs, leaves it in place)."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         s = self.settings
         key = f"{s.prefix}/{PROBE_NAME}"
@@ -257,7 +257,7 @@ class Lake:
             raise user_storage_error(exc, s.describe()) or _client_error(exc, s) from None
         try:
             client.delete_object(Bucket=s.bucket, Key=key)
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:  # the probe is written: reachable, writable
             log.debug("could not delete the write probe %s: %s", key, exc)
 
     def _s3(self, fn: Callable[[], T], what: str, *, raw_client_errors: bool = False) -> T:
