@@ -418,16 +418,17 @@ def notify_relay(
         raise ConfigError(
             f"cannot listen on {host}:{port}: {exc.strerror}", "choose --port"
         ) from None
-    print(
-        f"relay on {relay.url}: MinIO posts to {relay.url}/minio, tails read {relay.url}/events",
-        flush=True,
-    )
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    # Set explicitly: a process started with SIGTERM ignored would otherwise never stop.
+    # Set explicitly, and before the line that says the relay runs: a process started
+    # with SIGTERM ignored would otherwise never stop.
     signal.signal(signal.SIGTERM, interrupt)
+    print(
+        f"relay on {relay.url}: MinIO posts to {relay.url}/minio, tails read {relay.url}/events",
+        flush=True,
+    )
     try:
         relay.serve_forever()
     except KeyboardInterrupt:
