@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -76,7 +77,7 @@ class GetTimer:
 
 
 _timers: dict[tuple[int, str], GetTimer] = {}
-_timers_lock = threading.Lock()
+_timers_lock = threading.RLock()  # a store finalised while held calls `_forget`
 
 
 def timer_of(store: Any, kind: str = "GET") -> GetTimer:
@@ -86,8 +87,17 @@ def timer_of(store: Any, kind: str = "GET") -> GetTimer:
     with _timers_lock:
         found = _timers.get((id(store), kind))
         if found is None:
+            if not any(key[0] == id(store) for key in list(_timers)):
+                # A store's id may be reused once it is gone: its timers go with it.
+                weakref.finalize(store, _forget, id(store))
             found = _timers[(id(store), kind)] = GetTimer()
         return found
+
+
+def _forget(store_id: int) -> None:
+    with _timers_lock:
+        for key in [key for key in _timers if key[0] == store_id]:
+            del _timers[key]
 
 
 def remote(store: Any) -> bool:
