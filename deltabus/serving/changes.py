@@ -36,20 +36,7 @@ def message_changes(rows: pa.Table | None) -> pl.DataFrame:
         )
         .filter(pl.col("diff") != 0)
     )
-    deletes = net.filter(pl.col("diff") < 0).with_columns(diff=pl.lit(-1, pl.Int64))
-    inserts = (
-        net.filter(pl.col("diff") > 0)
-        .sort("version", "time")
-        .unique("message", keep="last")
-        .with_columns(diff=pl.lit(1, pl.Int64))
-    )
-    return pl.concat([deletes, inserts]).select(
-        pl.col("message").cast(pl.String),
-        pl.col("timestamp").cast(pl.Float64),
-        pl.col("time").cast(pl.Int64).fill_null(0),
-        pl.col("version").cast(pl.Int64),
-        pl.col("diff").cast(pl.Int64),
-    )
+    return _as_changes(net)
 
 
 def final_changes(rows: pa.Table | None) -> pl.DataFrame:
@@ -79,9 +66,15 @@ def final_changes(rows: pa.Table | None) -> pl.DataFrame:
         .agg(pl.all().last())
         .rename({"_commit_version": "version"})
     )
-    deletes = last.filter(pl.col("diff") < 0).with_columns(diff=pl.lit(-1, pl.Int64))
+    return _as_changes(last)
+
+
+def _as_changes(decided: pl.DataFrame) -> pl.DataFrame:
+    """Rows of (message, timestamp, diff, time, version), one decision each, as
+    CHANGE_SCHEMA: retractions, and per message the latest insertion."""
+    deletes = decided.filter(pl.col("diff") < 0).with_columns(diff=pl.lit(-1, pl.Int64))
     inserts = (
-        last.filter(pl.col("diff") > 0)
+        decided.filter(pl.col("diff") > 0)
         .sort("version", "time")
         .unique("message", keep="last")
         .with_columns(diff=pl.lit(1, pl.Int64))
