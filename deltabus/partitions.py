@@ -151,16 +151,17 @@ def read_layout(lake: Lake) -> Layout:
     return Layout(1) if raw is None else _parse(lake, raw)
 
 
-def ensure_layout(lake: Lake, partitions: int | None) -> Layout:
+def ensure_layout(lake: Lake, partitions: int | None, partitioner: str = "sticky") -> Layout:
     """The layout a producer writes with: the lake's own when `partitions` is None;
-    recorded when the lake is new and P > 1; refused when the lake has another P."""
+    recorded with `partitioner` when the lake is new and P > 1; refused when the lake
+    has another P. A lake that exists keeps the partitioner it recorded."""
     raw = retry_storage(lambda: _get(lake), what="read the lake layout")
     if raw is not None:
         current = _parse(lake, raw)
         if partitions is not None and current.partitions != partitions:
             raise _refused(lake, current.partitions, partitions)
         return current
-    wanted = Layout(partitions or 1)
+    wanted = Layout(partitions or 1, partitioner)
     if wanted.partitions == 1:
         return wanted
     if any(lake.exists(t) for t in (*INPUT_TABLES, UNIFIED_TABLE)):

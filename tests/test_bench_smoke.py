@@ -25,6 +25,7 @@ from deltabus.errors import ConfigError
 from deltabus.lake import Lake
 from deltabus.latency import percentiles
 from deltabus.local_minio import MinioServer
+from deltabus.partitions import Layout, read_layout
 from tests.conftest import lake_env, minio_settings_for, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -183,13 +184,14 @@ def kafka_ready() -> bool:
 
 
 def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
-    """Two partitions per stream, two ETL processes splitting them: every message seen
-    once through the consumer of both unified partitions, each ETL's CPU reported, and
-    the idle window measured with both ETLs."""
+    """Two partitions per stream placed by hash (keyed), two ETL processes splitting them:
+    every message seen once through the consumer of both unified partitions, each
+    partition's share of rows near half, each ETL's CPU reported, and the idle window
+    measured with both ETLs."""
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
     out = tmp_path / "out"
     args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--idle-s", "2"]
-    args += ["--partitions", "2", "--etl-processes", "2"]
+    args += ["--partitions", "2", "--etl-processes", "2", "--partitioner", "hash"]
     args += ["--profile", "100ms", "--out", str(out), "--no-local-minio", "--grace", "15"]
     result = run_cli(args, lake_env(lake), tmp_path, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -199,8 +201,14 @@ def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
     assert detail["partitions"] == 2 and detail["etl_processes"] == 2
     assert {"etl", "etl 1"} <= set(detail["cost"]["cpu_s_per_million_msgs"])
     assert sorted(p for r in detail["etl_reports"] for p in r["partitions"]) == [0, 1]
+    assert detail["partitioner"] == "hash"
     run_lake = Lake(lake.settings.with_prefix(detail["lake_prefix"]))
+    assert read_layout(run_lake) == Layout(2, "hash")
     assert run_lake.exists("timezone_unified-p0") and run_lake.exists("timezone_unified-p1")
+    # Keyed placement spreads every window: at 2000 msg/s and 100 ms each input partition
+    # holds about half the rows (sticky would alternate whole windows).
+    shares = [run_lake.open(f"timezone1-p{i}").to_pyarrow_table().num_rows for i in (0, 1)]
+    assert min(shares) > 0.4 * sum(shares), shares
     idle = detail["cost"]["idle"]
     assert {"etl", "etl 1"} <= set(idle["cpu_pct_of_one_core"]), idle
     assert idle["first_after_idle_s"] > 0  # the probe reached the consumer after the idle
@@ -287,9 +295,13 @@ def test_layouts_alternate_and_compare_within_rounds(minio: MinioServer, tmp_pat
         (["--layouts", "1x1,2x2", "--partitions", "2"], "not both"),
         (["--layouts", "1x1,2x2", "--backlog-drain", "5", "--duration", "40"], "--backlog-drain"),
         (["--layouts", "1x1,2x2", "--rounds", "0"], "--rounds must be at least 1"),
+        (["--partitioner", "hash"], "it needs --partitions > 1"),
+        (["--partitions", "2", "--partitioner", "key"], "--partitioner must be one of"),
     ],
 )
-def test_layouts_refused_before_any_run(tmp_path: Path, extra: list[str], message: str) -> None:
+def test_bench_options_refused_before_any_run(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
     env = {**os.environ, "DELTABUS_ENV_FILE": "/dev/null"}
     out = tmp_path / "out"
     result = run_cli(["bench", "--out", str(out), "--no-local-minio", *extra], env, tmp_path)

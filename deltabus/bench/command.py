@@ -101,6 +101,15 @@ def bench(
         int,
         typer.Option(help="ETL processes splitting the partitions (1..partitions)."),
     ] = 1,
+    partitioner: Annotated[
+        str,
+        typer.Option(
+            help="How the run's new lake places messages among --partitions: sticky (a commit "
+            "window's messages to one partition, the next window's to the next) or hash "
+            "(every message by a hash of its number: keyed placement, every partition "
+            "gets rows every window)."
+        ),
+    ] = "sticky",
     layouts: Annotated[
         str | None,
         typer.Option(
@@ -259,6 +268,7 @@ def bench(
         producers=producers,
         partitions=partitions,
         etl_processes=etl_processes,
+        partitioner=partitioner.strip().lower(),
         producer_mode=producer_mode,
         backlog_drain=backlog_drain,
         drain_signal=drain_signal,
@@ -279,6 +289,10 @@ def bench(
         store=store.strip().lower(),
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
+    if config.partitioner != "sticky" and config.partitions == 1 and layouts is None:
+        raise ConfigError(
+            "--partitioner places messages among partitions: it needs --partitions > 1"
+        )
     if layouts is not None:
         _compare_layouts(config, layouts, rounds, local_minio=local_minio, progress=progress)
         return

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from deltabus.errors import ConfigError
 from deltabus.intervals import parse_duration
+from deltabus.partitions import PARTITIONERS
 
 BACKBONES = ("delta", "kafka")
 
@@ -63,6 +64,7 @@ class BenchConfig:
     producers: int = 1
     partitions: int = 1  # per stream (deltabus.partitions); the unified output alike
     etl_processes: int = 1  # ETL processes splitting the partitions
+    partitioner: str = "sticky"  # how a new lake places messages (deltabus.partitions)
     producer_mode: str = "process"  # "process" or "inline"
     backlog_drain: float = 0.0  # seconds the ETL is down under load (0: no drain scenario)
     drain_signal: str = "term"  # "term": SIGTERM + restart; "stop": SIGSTOP + SIGCONT
@@ -101,6 +103,10 @@ class BenchConfig:
             raise ConfigError(
                 f"--etl-processes must be 1..{self.partitions} (at most one per partition), "
                 f"got {self.etl_processes}"
+            )
+        if self.partitioner not in PARTITIONERS:
+            raise ConfigError(
+                f"--partitioner must be one of {', '.join(PARTITIONERS)}, got {self.partitioner!r}"
             )
         if self.producer_mode not in ("process", "inline"):
             raise ConfigError("--producer-mode must be process or inline")

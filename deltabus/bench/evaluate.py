@@ -157,6 +157,7 @@ def evaluate_run(
         "producer_reports": state.producer_reports,
         "producer_mode": cfg.producer_mode,
         "partitions": cfg.partitions,
+        "partitioner": cfg.partitioner,
         "etl_processes": cfg.etl_processes,
         "etl_reports": state.etl_reports,
         "cpu": state.cpu,

@@ -268,7 +268,8 @@ class Bench:
 
         cfg = self.cfg
         tag = f"delta-{state.rate}"
-        layout = ensure_layout(lake, cfg.partitions)  # recorded before anyone writes
+        # Recorded before anyone writes.
+        layout = ensure_layout(lake, cfg.partitions, cfg.partitioner)
         for table in layout.input_tables:
             ensure_table(lake, table, INPUT_SCHEMA)
         first_versions = {
