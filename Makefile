@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean
+.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean docs docs-check
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -84,10 +84,16 @@ chaos: venv minio-bin  ## seeded chaos soak: 10 min of SIGKILLs, MinIO restarts,
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \
 	  $(PY) -m pytest -q -s tests/test_chaos.py
 
-lint: venv dagster-home  ## ruff lint and format check, and the Dagster definitions load and validate
+lint: venv dagster-home docs-check  ## ruff lint and format check, the Dagster definitions load and validate, the docs check
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m dagster definitions validate -w workspace.yaml
+
+docs: venv  ## regenerate the configuration table and the CLI reference in docs/
+	$(PY) tools/docs.py generate
+
+docs-check: venv  ## check the docs: relative links and anchors, generated parts up to date
+	$(PY) tools/docs.py check
 
 format: venv
 	$(PY) -m ruff check --fix .

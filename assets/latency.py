@@ -37,7 +37,7 @@ from resources.lake import LakeResource
 LATENCY_ASSET = "latency_percentiles"
 STAT_NAMES = [*PERCENTILES, "max"]
 # (value column, label, what makes one distinct event) of each row of the percentile
-# table; see docs/dagster.md. A stage whose rows all share one event (the ETL committed
+# table; see docs/guide/dagster.md. A stage whose rows all share one event (the ETL committed
 # once) has one value, not a distribution: its percentiles are left empty.
 STAGES = [
     ("latency_ms", "end to end (sent to unified commit)", "message"),
