@@ -1,16 +1,14 @@
 """Checkpoints written from the table state a writer already holds: two PUTs, no reads.
 
-delta-rs checkpoints a table by loading it at the due version: it reads the newest
-checkpoint and every commit since (each commit about four times by the time the
-checkpoint lands) and reconciles all of it on both cores. At 10 commits/s on three
-tables that was ~120 GETs/s, over a third of the pipeline's object-store requests, and
-a CPU burst every ~10 s that set the p99 of every stage.
+delta-rs checkpoints a table by loading it at the due version, reading every commit
+since the last checkpoint again and reconciling them on every core; a writer already
+holds that state (docs/adr/0013-checkpoints-from-memory.md).
 
 A writer on the fast path (deltabus.fast_append) sees every action of its table: its
 own commits, and other writers' commits, which it reads before it retries. It feeds
 them to a `CheckpointWriter`, which keeps the table's reconciled state in memory
 (deltabus.checkpoint_state) and, at a due version, writes a classic single-part V1
-checkpoint from it with pyarrow (PROTOCOL.md, "Checkpoint Schema", in the column types
+checkpoint from it with pyarrow (the Delta protocol's "Checkpoint Schema", in the types
 delta-rs writes), then `_last_checkpoint`. The state is seeded from storage at the first
 checkpoint, and again whenever a version was not fed to it (a gap). A table it does not
 handle raises `Unsupported`, and delta-rs writes that checkpoint (deltabus.checkpoints).
@@ -87,7 +85,7 @@ _DV = pa.struct(
     ]
 )
 # The columns and types delta-rs writes, minus the V2 `sidecar` column; `remove` without
-# `stats` and `tags`, which PROTOCOL.md leaves out of checkpoints.
+# `stats` and `tags`, which the Delta protocol leaves out of checkpoints.
 CHECKPOINT_SCHEMA = pa.schema(
     [
         _f(
@@ -181,7 +179,7 @@ CHECKPOINT_SCHEMA = pa.schema(
 
 
 def _checkpoint_protocol(protocol: dict[str, Any]) -> dict[str, Any]:
-    """Feature lists as PROTOCOL.md asks: present from reader 3 / writer 7, else null."""
+    """Feature lists as the Delta protocol asks: present from reader 3 / writer 7, else null."""
     reader, writer = int(protocol["minReaderVersion"]), int(protocol["minWriterVersion"])
     return {
         "minReaderVersion": reader,

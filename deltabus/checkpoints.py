@@ -40,9 +40,9 @@ NO_POST_COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup
 class BackgroundCheckpointer:
     """Checkpoints one table every `interval` versions on a daemon thread.
 
-    The interval is `DELTABUS_CHECKPOINT_INTERVAL` (100, Delta's default). Off the
-    commit path its length hardly matters for latency (20 and 100 measured the same);
-    longer means less background work.
+    The interval is `DELTABUS_CHECKPOINT_INTERVAL` (100, Delta's default); off the
+    commit path its length does not set latency, and longer means less background work
+    (docs/adr/0013-checkpoints-from-memory.md).
     """
 
     def __init__(self, lake: Lake, table: str, interval: int | None = None) -> None:
@@ -169,9 +169,9 @@ class BackgroundCheckpointer:
 
         A delta-rs table handle keeps every commit since the checkpoint it was loaded
         from and works through all of them on each commit, so a writer that never
-        reloads gets slower with every version (measured: 30 -> 90 ms per commit and 6x
-        the CPU over 1,500 commits). The handle loaded after the latest checkpoint,
-        brought up to date (a few versions), replaces it.
+        reloads gets slower with every version (docs/adr/0013-checkpoints-from-memory.md).
+        The handle loaded after the latest checkpoint, brought up to date (a few
+        versions), replaces it.
         """
         with self._cond:
             fresh, self._fresh = self._fresh, None

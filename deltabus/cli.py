@@ -361,7 +361,7 @@ def minio_up(
         raise ConfigError(
             "--notify works with a single MinIO server",
             "drop --nodes, or configure the webhook target on each node yourself "
-            "(docs/design.md, notifications through the relay)",
+            "(docs/design/tailing.md, commit notifications)",
         )
     if nodes == 1:
         print(up(state.env_file, data_dir, notify=notify, relay_port=relay_port))

@@ -1,4 +1,4 @@
-"""End-to-end latency, defined once (docs/design.md), computed by DuckDB.
+"""End-to-end latency, defined once (docs/design/architecture.md), computed by DuckDB.
 
 A latency sample is one message: `sent_ms` (its scheduled send time, the `date`
 value), and the moments it passed each stage, in epoch milliseconds. The same SQL

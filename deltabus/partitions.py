@@ -9,11 +9,8 @@ machine and every restart:
 - `sticky` (new lakes): a commit window's messages go to one partition, the next window's
   to the next, round robin; a window of more than MAX_CHUNK messages is cut into equal
   chunks that go on round robin. Like Kafka's sticky partitioner, it keeps the number of
-  commits what one partition would make: at 100 ms, hash placement gave every partition a
-  commit every window, and each table commit costs about 8-12 ms of CPU across the
-  producer, the store, the ETL and its readers whatever its size, which made P = 2 cost
-  30-45 % more per message than P = 1 at the same rate. At high rates the chunks spread
-  every window over the partitions as a hash does.
+  commits what one partition would make until the rate fills a window, since every table
+  commit costs CPU whatever its size (docs/adr/0011-sticky-partitioner.md).
 - `hash` (lakes recorded before `sticky`): a 64-bit mix of the run and the message number.
 
 The unified output is partitioned the same way:

@@ -1,4 +1,5 @@
-"""Table contracts (docs/design.md) as Arrow schemas, and creating tables that honour them."""
+"""Table contracts (docs/reference/tables.md) as Arrow schemas, and creating tables that
+honour them."""
 
 from __future__ import annotations
 

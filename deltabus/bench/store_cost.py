@@ -34,7 +34,8 @@ from deltabus.lake import Lake
 from deltabus.partitions import MAX_PARTITIONS, PARTITIONERS, Layout, partition_of
 
 # Bytes per message of the data files as deltabus writes them (Snappy, dictionaries only
-# where they pay; docs/design.md): 1.23 MB per 125k input rows, 1.89 MB per 125k unified.
+# where they pay; docs/design/checkpoints.md): 1.23 MB per 125k input rows, 1.89 MB per
+# 125k unified.
 INPUT_BYTES_PER_ROW = 9.8
 UNIFIED_BYTES_PER_ROW = 15.1
 # A producer's log entry: commitInfo, an app transaction and one add with its stats.

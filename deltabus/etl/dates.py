@@ -1,6 +1,6 @@
 """The date grammar of the input tables, shared by the validator and the Pathway transform.
 
-One definition (docs/design.md, "Date grammar") and both sides built from it:
+One definition (docs/reference/dates.md) and both sides built from it:
 
 - `check_dates` (Polars, vectorised, in the source): which `date` strings follow the grammar
   and denote an instant in the accepted range, a reason for every other one, and for each

@@ -1,25 +1,15 @@
-"""Commit ticks for the ETL's Pathway inputs: only while rows are in flight, and only for
-the inputs of the outputs those rows go to.
+"""Commit ticks for the ETL's Pathway inputs, replacing Pathway's autocommit.
 
-Pathway's own autocommit (`autocommit_duration_ms`) advances every input's time on a
-fixed timer whether or not anything was read: with 10 ms ticks an idle ETL wakes its
-engine 100 times a second per input. Even ticking only "while rows flow" costs: on the
-Intel Xeon, committing 2 inputs every 10 ms took 0.023 cores of an otherwise idle
-process, and 4 inputs 0.039. An ETL process owning two unified partitions, each fed one
-window in P by the sticky partitioner, would tick all four inputs all the time.
+A `CommitTicker` commits the inputs of each `TickGroup` (the inputs that feed one
+output, a unified partition) every `interval` seconds from `FIRST_TICK_S` after a
+subject reports sent rows until the group's output has seen them (`in_flight` is
+false), and leaves every other group alone; it never ticks while nothing is in flight.
+Sources also commit right before they send (deltabus.etl.source), so rows are stamped
+with the time they are sent.
 
-So the ticker works per group: the inputs that feed one output (a unified partition). A
-group is ticked from the moment one of its inputs sent rows until its output has seen
-them (`in_flight`), every `interval`; other groups, and idle ones, are left alone. This is
-safe because Pathway releases a time at an output once every input *that output depends
-on* has passed it: an uncommitted input of another partition holds nothing back.
-
-A Pathway input stamps rows with the time its last commit opened, so a subject commits
-itself right before it sends (deltabus.etl.source). Pathway's times are 2 ms apart: a
-commit within the same 2 ms as that one opens no new time and releases nothing (tried:
-an output then waited for the next batch). The first tick therefore comes `FIRST_TICK_S`
-after the rows are sent, and ticks go on until the output has seen them, however long
-the engine takes.
+Pathway releases an output's time once every input that output depends on has passed
+it, so committing only the group in flight is enough; an idle ETL then never wakes its
+engine (docs/adr/0014-commit-ticks.md).
 """
 
 from __future__ import annotations
@@ -31,8 +21,7 @@ from dataclasses import dataclass
 
 import pathway as pw
 
-# Pathway's times are even milliseconds: a commit this long after the one that stamped
-# the rows is the first that can release them.
+# Pathway's times are 2 ms apart: a commit this long after the send can release the rows.
 FIRST_TICK_S = 0.003
 
 
@@ -46,7 +35,12 @@ class TickGroup:
 
 class CommitTicker:
     """Commits each group's inputs every `interval` s while that group has rows in
-    flight."""
+    flight, on a daemon thread started by `start` and ended by `close`.
+
+    Args:
+        groups: the groups to tick, each its inputs and whether rows are in flight.
+        interval: seconds between ticks of a group in flight.
+    """
 
     def __init__(self, groups: Sequence[TickGroup], interval: float) -> None:
         self.groups = list(groups)
