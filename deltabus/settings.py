@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     on_corrupt_file: Literal["stop", "skip"] = "stop"
     # Tails are woken by the store's commit notifications (MinIO's ListenBucketNotification),
     # for stores that stream them as they happen; off by default because current MinIO
-    # releases hold them back in batches (docs/benchmarks.md). Tails poll either way.
+    # releases hold them back in batches (docs/adr/0032). Tails poll either way.
     notify: bool = False
     # Where commit events come from when `notify` is on: None reads MinIO's listen API at
     # the endpoint; a `deltabus notify relay` URL (http://host:port/events) reads the events

@@ -1,7 +1,8 @@
 """Store profiles: a latency-injecting proxy in front of the benchmark's MinIO.
 
 A profile is a per-request latency distribution to add to a loopback MinIO, with the
-source of its numbers (docs/benchmarks.md, "Store profiles"; docs/adr/0003-store-profiles.md):
+source of its numbers (docs/benchmarks/method.md, "Store profiles";
+docs/adr/0003-store-profiles.md):
 
 - loopback: nothing in between (MinIO on this machine, about 1 ms a request);
 - s3-express: S3 Express One Zone, "single-digit millisecond" first-byte latency;
