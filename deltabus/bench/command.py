@@ -470,7 +470,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
         raise ConfigError(
             "--notify starts its own MinIO and relay: add --local-minio",
             "for your own MinIO, run `deltabus notify relay`, point MinIO's webhook target at it "
-            "and set DELTABUS_NOTIFY=true and DELTABUS_NOTIFY_URL (docs/design.md)",
+            "and set DELTABUS_NOTIFY=true and DELTABUS_NOTIFY_URL (docs/design/tailing.md)",
         )
     Lake(settings).check(write=True)
     with _store_proxy(config, settings) as (proxied, proxy_pids):

@@ -8,8 +8,9 @@ from typing import Any
 
 from deltabus.bench.verdict import KEEPING_UP
 
-# docs/design.md, "Anchors": Pathway's published Delta-on-MinIO benchmark (its own Delta
-# connector, single-threaded, 5-minute runs, 30 s warm-up). (p50 s, p99 s, fell behind)
+# docs/design/architecture.md, "Anchors": Pathway's published Delta-on-MinIO benchmark
+# (its own Delta connector, single-threaded, 5-minute runs, 30 s warm-up).
+# (p50 s, p99 s, fell behind)
 ANCHORS: dict[str, dict[int, tuple[float, float, bool]]] = {
     "1000ms": {
         10_000: (0.94, 1.94, False),
