@@ -2,11 +2,10 @@
 
 Arrow's writer dictionary-encodes every column until a column's dictionary reaches
 1 MiB. A stream's columns are mostly unique per row (message ids, local times, epoch
-stamps), so that spent half the writer's CPU building dictionaries it then threw away,
-made the files larger, and got slower still with several writer threads at once (a
-streaming writer runs one per table). A 16 KiB dictionary limit keeps the encoding for
-the columns where it pays (a few hundred distinct values, such as `diff`) and gives up
-on the others after a few hundred rows.
+stamps), so that spends the writer's CPU on dictionaries it then throws away, more so
+with several writer threads at once (docs/design/checkpoints.md). A 16 KiB dictionary
+limit keeps the encoding for the columns where it pays (a few hundred distinct values,
+such as `diff`) and gives up on the others after a few hundred rows.
 """
 
 from __future__ import annotations

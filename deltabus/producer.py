@@ -138,8 +138,7 @@ def build_batches(
 
     `skip_below[table]` drops that table's messages with a smaller index: they were
     committed before a restart. Dates and ids are formatted once per stream and then
-    split by partition, so a window costs the same whatever the partition count (a
-    filter and a format per table made 2 partitions cost 1.4x and 4 partitions 1.9x).
+    split by partition, so a window costs the same whatever the partition count.
     """
     index = np.arange(lo, hi, dtype=np.int64)
     due_us = start_us + np.round(index * (1_000_000.0 / rate)).astype(np.int64)

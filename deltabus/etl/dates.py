@@ -121,9 +121,9 @@ def fast_canonical(dates: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedAr
     """The canonical forms of a batch whose every date has the producers' shape
     (FAST_PATTERN), or None when one does not (then the full grammar decides).
 
-    Arrow compute, a few array passes: a producer's batch costs about 0.2 ms per 500
-    rows here where building Polars expressions for it costs 1 ms. The canonical form is
-    the fraction padded to 9 digits and the offset given its seconds.
+    Arrow compute, a few array passes, cheaper than building Polars expressions for the
+    batch (docs/adr/0034-date-grammar.md). The canonical form is the fraction padded to 9
+    digits and the offset given its seconds.
     """
     if not len(dates) or dates.null_count:
         return None
@@ -225,9 +225,9 @@ def epoch_ns(canonical: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
     The canonical form is fixed-width ASCII, so the batch's characters are read as one
     (rows, 37) array of digits and the date arithmetic (proleptic Gregorian, the offset
-    with its seconds) runs over whole columns: about 0.1 µs a date, where chrono's
-    `strptime` through Polars took 1 µs. The accepted range keeps every value inside
-    int64 nanoseconds.
+    with its seconds) runs over whole columns, with no per-row Python
+    (docs/adr/0034-date-grammar.md). The accepted range keeps every value inside int64
+    nanoseconds.
     """
     text = pa.chunked_array([canonical]) if isinstance(canonical, pa.Array) else canonical
     text = text.combine_chunks().cast(pa.large_string())

@@ -52,11 +52,9 @@ class BatchSchema(pw.Schema):
     """One Delta version of one input table: its accepted rows as one Pathway row.
 
     `rows` wraps an Arrow table of `date` (canonical, deltabus.etl.dates), `message` and
-    `diff` (+1 insert, -1 retraction). A Pathway row per message cost 8-9 CPU-µs in the
-    engine here, more than everything else the ETL does per message together; a table
-    per version costs the engine one row and the transform one vectorised pass. Arrow
-    rather than Polars: Pathway pickles each wrapped value on its way into the engine,
-    and an Arrow table pickles about five times faster (0.08 against 0.4 µs a message).
+    `diff` (+1 insert, -1 retraction). The engine charges per row, so a version costs it
+    one row, and Arrow pickles faster than Polars on its way in
+    (docs/adr/0010-one-pathway-row-per-input-version.md).
     """
 
     rows: pw.PyObjectWrapper
