@@ -4,7 +4,7 @@
 bucket spans values whose largest is `GAMMA` times its smallest, and reports the value
 that is within `RELATIVE_ERROR` (1 %) of both ends. Its size does not depend on how many
 values it holds (about 1,150 counters, 9 KB), so a soak of any length aggregates its
-latency in constant memory. Why this and not a library: docs/adr/0004-windowed-latency.md.
+latency in constant memory. Why this and not a library: docs/adr/0006-windowed-latency.md.
 """
 
 from __future__ import annotations
