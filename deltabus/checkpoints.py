@@ -1,9 +1,9 @@
 """Checkpoints written beside the commit path, never on it.
 
 delta-rs checkpoints a table in the commit that reaches every `delta.checkpointInterval`
-(100) versions, and deletes expired log files in the same call. On MinIO that commit
-takes 100-400 ms longer than the others, and a streaming writer's next batches queue
-behind it: every ten seconds at 10 commits/s, a latency spike that sets the p99.
+(100) versions, and deletes expired log files in the same call, so that commit takes
+longer than the others and a streaming writer's next batches queue behind it
+(docs/adr/0013-checkpoints-from-memory.md).
 
 A writer that owns a `BackgroundCheckpointer` commits without those post-commit hooks
 and reports each committed version; a thread of its own loads the table at the due

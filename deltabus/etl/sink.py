@@ -32,10 +32,9 @@ log = logging.getLogger(__name__)
 _monotonic = time.monotonic  # on_time_end's `time` argument shadows the module
 
 BURST = 2  # commits allowed back to back
-# The rate limit refills this many commits per commit interval: a little more than the one
-# per interval that inputs committing once per interval need, so after a late input made
-# two commits share an interval, the commits come back in step with the arrivals within a
-# few intervals. At exactly one per interval they would stay behind them for good.
+# The rate limit refills this many commits per commit interval: a little more than one, so
+# the commits come back in step with the arrivals after a late input
+# (docs/adr/0030-sink-commit-rate-limit.md).
 REFILL_PER_INTERVAL = 1.25
 # An input's cadence is the shortest of its last CADENCE_GAPS gaps between deliveries
 # (at least one commit interval): a late delivery makes one long gap and one short, and
@@ -259,8 +258,8 @@ class DeltaSinkObserver(pw.io.python.ConnectorObserver):
         quiet stops being waited for. An input's cadence is the time between its
         deliveries: one interval, or P intervals for a partition that the sticky
         partitioner feeds one window in P (whose commits a reader then expects P
-        intervals apart, so a split commit costs it more). At 1000 ms and 70k msg/s the
-        second input's batch reaches the sink ~0.3 s after the first.
+        intervals apart, so a split commit costs it more); see
+        docs/adr/0030-sink-commit-rate-limit.md.
         """
         arrived = _monotonic()
         while not self._closing:
