@@ -1,6 +1,6 @@
 """A Delta table's state kept in memory: its actions reconciled, commit after commit.
 
-The state a checkpoint holds is defined by PROTOCOL.md ("Action Reconciliation",
+The state a checkpoint holds is defined by the Delta protocol ("Action Reconciliation",
 "Checkpoints"): the latest protocol and metaData, the latest txn per appId, the latest
 domainMetadata per domain (removed ones dropped), the live `add` per file and the
 `remove` tombstones that have not expired. `TableState.apply` folds one commit's
@@ -30,7 +30,7 @@ from deltabus.delta_protocol import parse_actions
 
 Actions = Mapping[str, list[dict[str, Any]]]
 
-# Actions a checkpoint never holds (PROTOCOL.md, "Checkpoints").
+# Actions a checkpoint never holds (the Delta protocol, "Checkpoints").
 IGNORED_ACTIONS = frozenset({"commitInfo", "cdc"})
 RECONCILED_ACTIONS = frozenset({"protocol", "metaData", "txn", "domainMetadata", "add", "remove"})
 # Features that do not change what a V1 checkpoint holds, given that no action carries a
@@ -142,7 +142,7 @@ _ADD_FIELDS = {"path": str, "size": int, "modificationTime": int, "dataChange": 
 
 @dataclass
 class TableState:
-    """A table's actions as of `version`, reconciled (PROTOCOL.md, "Action Reconciliation")."""
+    """A table's actions as of `version`, reconciled (the Delta protocol, "Action Reconciliation")."""
 
     version: int = -1
     protocol: dict[str, Any] | None = None
