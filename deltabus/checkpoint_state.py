@@ -142,7 +142,7 @@ _ADD_FIELDS = {"path": str, "size": int, "modificationTime": int, "dataChange": 
 
 @dataclass
 class TableState:
-    """A table's actions as of `version`, reconciled (the Delta protocol, "Action Reconciliation")."""
+    """A table's actions as of `version`, reconciled (Delta protocol: "Action Reconciliation")."""
 
     version: int = -1
     protocol: dict[str, Any] | None = None
