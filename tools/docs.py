@@ -56,6 +56,12 @@ DESCRIPTIONS = {
 }
 
 
+def _importable() -> None:
+    """Make the repository's packages importable when run as `python tools/docs.py`."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
 def begin(name: str) -> str:
     return f"<!-- BEGIN generated: {name} -->"
 
@@ -115,7 +121,7 @@ def _bounds(field: object) -> str:
     return ""
 
 
-def _default(name: str, field: object, secret: bool) -> str:
+def _default(field: object, secret: bool) -> str:
     value = getattr(field, "default", None)
     if value is None:
         return "unset"
@@ -153,7 +159,7 @@ def settings_table(settings_cls: type | None = None, source: str | None = None) 
     from pydantic import SecretStr
 
     if settings_cls is None:
-        sys.path.insert(0, str(ROOT))
+        _importable()
         from deltabus.settings import Settings as settings_cls  # noqa: N813
     if source is None:
         import inspect
@@ -170,7 +176,7 @@ def settings_table(settings_cls: type | None = None, source: str | None = None) 
             missing.append(name)
             continue
         kind = _type_name(field.annotation) + _bounds(field)
-        cells = [_variables(name, field, prefix), kind, _default(name, field, secret), text]
+        cells = [_variables(name, field, prefix), kind, _default(field, secret), text]
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if missing:
         raise ValueError(
@@ -187,7 +193,7 @@ def command_paths() -> list[tuple[str, ...]]:
     """Every command of `deltabus`, as argument paths, in the order `--help` lists them."""
     import typer
 
-    sys.path.insert(0, str(ROOT))
+    _importable()
     from deltabus.cli import app
 
     paths: list[tuple[str, ...]] = []
