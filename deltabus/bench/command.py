@@ -223,10 +223,23 @@ def bench(
     serve: Annotated[
         str | None,
         typer.Option(
-            help="postgres: also run the serving sink (`deltabus serve postgres --follow`) "
-            "and report the stage 'unified commit -> visible in PostgreSQL', its verdict and "
-            "CPU (sink and PostgreSQL). Uses DELTABUS_POSTGRES_DSN, else a throwaway "
-            "PostgreSQL on loopback. Delta backbone only."
+            help="postgres or opensearch: also run that serving sink (`deltabus serve "
+            "postgres|opensearch --follow`) and report the stage 'unified commit -> served', "
+            "its verdict and CPU (the sink and the store's server). postgres: a message is "
+            "served once visible in PostgreSQL; uses DELTABUS_POSTGRES_DSN (a fresh table), "
+            "else a throwaway PostgreSQL on loopback. opensearch: once searchable in the "
+            "index; uses DELTABUS_OPENSEARCH_URL (a fresh index, deleted afterwards), else a "
+            "throwaway node on loopback (Java 17). The OpenSearch sink acknowledges a batch "
+            "once searchable, so that stage is about half --serve-refresh-ms plus the bulk "
+            "request. Delta backbone only."
+        ),
+    ] = None,
+    serve_refresh_ms: Annotated[
+        int | None,
+        typer.Option(
+            help="With --serve opensearch: the served index's refresh interval (ms, "
+            "1..60000; default: the sink's, 1000). Shorter makes documents searchable "
+            "sooner at the cost of more segments and merges."
         ),
     ] = None,
     store: Annotated[
@@ -286,6 +299,7 @@ def bench(
         idle_s=idle_s,
         notify=notify,
         serve=serve.strip().lower() if serve else None,
+        serve_refresh_ms=serve_refresh_ms,
         store=store.strip().lower(),
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
@@ -308,7 +322,7 @@ def bench(
         if "\n## Cost per message" in text:  # the cost table beside the latency table
             cost = text.split("\n## Cost per message")[1].split("\n## ")[0]
             print("\n## Cost per message" + cost.rstrip())
-        if "\nServing stage" in text:  # --serve postgres
+        if "\nServing stage" in text:  # --serve postgres|opensearch
             print("\nServing stage" + text.split("\nServing stage")[1].split("\n## ")[0].rstrip())
         print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")
     if errors:

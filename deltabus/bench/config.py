@@ -12,6 +12,9 @@ from deltabus.intervals import parse_duration
 from deltabus.partitions import PARTITIONERS
 
 BACKBONES = ("delta", "kafka")
+# --serve: the serving sinks (deltabus.bench.serving) and the stores they serve into.
+SERVE_SYSTEMS = {"postgres": "PostgreSQL", "opensearch": "OpenSearch"}
+SERVE_BACKENDS = tuple(SERVE_SYSTEMS)
 
 
 def parse_rates(text: str) -> tuple[int, ...]:
@@ -83,7 +86,8 @@ class BenchConfig:
     interval_s: float = 1.0  # bucket of the latency-over-time plots
     idle_s: float = 0.0  # after the run, measure the cost of the idle pipeline this long
     notify: bool = False  # tails woken by MinIO's pushed commit events (a relay), not polls
-    serve: str | None = None  # "postgres": the serving sink as a stage (deltabus.bench.serving)
+    serve: str | None = None  # one of SERVE_BACKENDS: the serving sink as a stage
+    serve_refresh_ms: int | None = None  # --serve opensearch: the index's refresh interval
     store: str = "loopback"  # store profile: latency in front of MinIO (bench.store_profiles)
     command: str = ""
     extra: dict = field(default_factory=dict)
@@ -137,14 +141,23 @@ class BenchConfig:
             raise ConfigError("--grace must be positive")
         if not 1 <= self.consumer_poll_ms <= 10_000:
             raise ConfigError("--poll-ms must be 1..10000")
-        if self.serve not in (None, "postgres"):
-            raise ConfigError(f"--serve {self.serve!r} is not postgres")
+        self._check_serve()
         from deltabus.bench.store_profiles import profile
 
         profile(self.store)  # a ConfigError naming the profiles when unknown
         for rate in self.rates:
             if rate % self.producers and rate / self.producers < 1:
                 raise ConfigError(f"rate {rate} split over {self.producers} producers is < 1")
+
+    def _check_serve(self) -> None:
+        if self.serve is not None and self.serve not in SERVE_BACKENDS:
+            raise ConfigError(f"--serve {self.serve!r} is not one of {', '.join(SERVE_BACKENDS)}")
+        if self.serve_refresh_ms is None:
+            return
+        if self.serve != "opensearch":
+            raise ConfigError("--serve-refresh-ms is the refresh interval of --serve opensearch")
+        if not 1 <= self.serve_refresh_ms <= 60_000:
+            raise ConfigError(f"--serve-refresh-ms must be 1..60000, got {self.serve_refresh_ms}")
 
     def _check_windowed(self) -> None:
         if self.soak_minutes < 0:

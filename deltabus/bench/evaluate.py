@@ -52,7 +52,7 @@ class RunState:
     timings: dict = field(default_factory=dict)
     requests: dict | None = None  # object-store requests per second by class (MinIO metrics)
     idle: dict | None = None  # cost with the pipeline running and no traffic
-    served: pa.Table | None = None  # --serve: when each message became visible in PostgreSQL
+    served: pa.Table | None = None  # --serve: when each message became visible in the store
     serving_report: dict | None = None  # --serve: the sink's own report
 
 
@@ -219,23 +219,29 @@ def evaluate_run(
 
 def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> dict:
     """--serve: the serving stage, its verdict and its CPU (deltabus.bench.serving)."""
-    from deltabus.bench.serving import serving_summary
+    from deltabus.bench.serving import SERVER_CPU, SINK_CPU, SYSTEMS, serving_summary
 
-    assert state.served is not None
+    assert state.served is not None and cfg.serve is not None
     out = serving_summary(
         samples,
         state.served,
         warmup_s=cfg.warmup,
         interval_s=cfg.interval_s,
         classify=lambda series, p99: classify(series, cfg.warmup, p99, cfg.commit_interval),
+        backend=cfg.serve,
     )
+    if cfg.serve == "opensearch":  # what shapes the stage: the index's refresh interval
+        from deltabus.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
+
+        out["refresh_interval_ms"] = cfg.serve_refresh_ms or DEFAULT_REFRESH_INTERVAL_MS
     out["cpu_pct_of_one_core"] = {
-        k: state.cpu[k] for k in ("serve sink", "postgresql") if k in state.cpu
+        k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
     }
     out["sink_report"] = state.serving_report
     if out["not_served"]:
         errors.append(
-            f"{out['not_served']} message(s) seen in timezone_unified but never in PostgreSQL"
+            f"{out['not_served']} message(s) seen in timezone_unified but never in "
+            f"{SYSTEMS[cfg.serve]}"
         )
     return out
 

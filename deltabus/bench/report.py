@@ -105,14 +105,21 @@ def report_json(
         "highest_keeping_up_rate": highest_keeping_up(runs),
     }
     serving = [r for r in runs if "serving" in r]
-    if serving:  # --serve postgres: the sink's own verdict
-        report["highest_keeping_up_rate"]["postgres serving"] = highest_keeping_up(
+    for backend in dict.fromkeys(serving_backend(r["serving"]) for r in serving):
+        # --serve postgres|opensearch: the sink's own verdict
+        report["highest_keeping_up_rate"][f"{backend} serving"] = highest_keeping_up(
             [
                 {"backbone": "s", "rate": r["rate"], "verdict": r["serving"]["verdict"]}
                 for r in serving
+                if serving_backend(r["serving"]) == backend
             ]
         ).get("s")
     return report
+
+
+def serving_backend(serving: dict) -> str:
+    """The backend of a run's `serving` figures (runs before OpenSearch had postgres only)."""
+    return str(serving.get("backend", "postgres"))
 
 
 def highest_keeping_up(runs: list[dict]) -> dict[str, int | None]:
@@ -207,30 +214,43 @@ def cost_markdown(runs: list[dict]) -> list[str]:
 
 
 def serving_markdown(runs: list[dict]) -> list[str]:
-    """--serve postgres: the stage unified commit → visible in PostgreSQL, with the verdict
-    and CPU of the sink and of PostgreSQL (empty without --serve)."""
+    """--serve postgres|opensearch: the stage unified commit → served (visible in
+    PostgreSQL, searchable in OpenSearch), with the verdict and CPU of the sink and of the
+    store, one table per backend (empty without --serve)."""
+    from deltabus.bench.config import SERVE_SYSTEMS
+
     served = [r for r in runs if "serving" in r]
-    if not served:
-        return []
-    lines = [
-        "",
-        "Serving stage (`--serve postgres`): unified commit → visible in PostgreSQL (a reader "
-        "polling the served table), p50 / p99 (s); the verdict applies the keeping-up rule to "
-        "sent → visible in PostgreSQL.",
-        "",
-        "| backbone | rate | unified commit→PostgreSQL | sent→PostgreSQL | not served "
-        "| verdict | CPU % of one core |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in served:
-        s = r["serving"]
-        st, e2e = s["unified_commit_to_postgres"], s["sent_to_postgres"]
-        cpu = ", ".join(f"{k} {v}" for k, v in s.get("cpu_pct_of_one_core", {}).items())
-        lines.append(
-            f"| {r['backbone']} | {r['rate']:,} | {_pair(st['p50'], st['p99'])} | "
-            f"{_pair(e2e['p50'], e2e['p99'])} | {s['not_served']:,} | {s['verdict']} | "
-            f"{cpu or '—'} |"
-        )
+    lines: list[str] = []
+    for backend in dict.fromkeys(serving_backend(r["serving"]) for r in served):
+        system = SERVE_SYSTEMS.get(backend, backend)
+        mine = [r for r in served if serving_backend(r["serving"]) == backend]
+        if backend == "opensearch":
+            refresh_ms = mine[0]["serving"].get("refresh_interval_ms")
+            how = (
+                "searchable in OpenSearch (a reader polling the index for versions it has not "
+                "seen; the sink acknowledges a batch once searchable, so the stage is about "
+                f"half the refresh interval of {refresh_ms} ms plus the bulk request)"
+            )
+        else:
+            how = f"visible in {system} (a reader polling the served table)"
+        lines += [
+            "",
+            f"Serving stage (`--serve {backend}`): unified commit → {how}, p50 / p99 (s); "
+            f"the verdict applies the keeping-up rule to sent → served in {system}.",
+            "",
+            f"| backbone | rate | unified commit→{system} | sent→{system} | not served "
+            "| verdict | CPU % of one core |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in mine:
+            s = r["serving"]
+            st, e2e = s[f"unified_commit_to_{backend}"], s[f"sent_to_{backend}"]
+            cpu = ", ".join(f"{k} {v}" for k, v in s.get("cpu_pct_of_one_core", {}).items())
+            lines.append(
+                f"| {r['backbone']} | {r['rate']:,} | {_pair(st['p50'], st['p99'])} | "
+                f"{_pair(e2e['p50'], e2e['p99'])} | {s['not_served']:,} | {s['verdict']} | "
+                f"{cpu or '—'} |"
+            )
     return lines
 
 

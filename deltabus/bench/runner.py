@@ -311,10 +311,17 @@ class Bench:
             consumer.next_versions = first_versions
         etls = [etl, *(e for e, _ in more_etls)]
         serving = None
-        if cfg.serve:  # the PostgreSQL serving sink as one more stage
-            from deltabus.bench.serving import ServingRun
+        if cfg.serve:  # the serving sink (PostgreSQL or OpenSearch) as one more stage
+            from deltabus.bench.serving import serving_run
 
-            serving = ServingRun(self.settings, self.work, tag, cfg.consumer_poll_ms / 1000)
+            serving = serving_run(
+                cfg.serve,
+                self.settings,
+                self.work,
+                tag,
+                cfg.consumer_poll_ms / 1000,
+                cfg.serve_refresh_ms,
+            )
         try:
             handles = [
                 ProducerHandle(s, cfg.producer_mode, env, self.work, lake) for s in state.specs

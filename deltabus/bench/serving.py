@@ -1,13 +1,14 @@
-"""`deltabus bench --serve postgres`: the serving sink under load, as its own stage.
+"""`deltabus bench --serve postgres|opensearch`: the serving sink under load, as its own stage.
 
-Per run: a PostgreSQL (DELTABUS_POSTGRES_DSN, else a throwaway one on loopback), the sink
-as its own process (`deltabus serve postgres --follow`), and a reader in the benchmark
-process that polls the served table for rows of versions it has not seen
-(`WHERE version > last`, on the table's version index) and stamps when each message
-became visible in PostgreSQL. The stage "unified commit → visible in PostgreSQL" is that
-moment minus the unified commit the Delta consumer saw the row in; the serving verdict
-applies the benchmark's rule (deltabus.bench.verdict) to sent → visible in PostgreSQL.
-CPU is measured for the sink and for PostgreSQL (the postmaster and all its processes).
+Per run: the serving store (PostgreSQL: DELTABUS_POSTGRES_DSN, else a throwaway one on
+loopback; OpenSearch: deltabus.bench.serving_opensearch), the sink as its own process
+(`deltabus serve <backend> --follow`), and a reader in the benchmark process that polls
+the store for messages of unified versions it has not seen and stamps when each message
+became visible there (PostgreSQL: `WHERE version > last`, on the table's version index).
+The stage "unified commit → served" is that moment minus the unified commit the Delta
+consumer saw the row in; the serving verdict applies the benchmark's rule
+(deltabus.bench.verdict) to sent → served. CPU is measured for the sink and for the
+store's server (its process and all its children).
 """
 
 from __future__ import annotations
@@ -23,64 +24,67 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from deltabus.bench.config import SERVE_SYSTEMS
 from deltabus.latency import PERCENTILES, over_time, percentile_sql
 from deltabus.processes import ChildProcess, deltabus_command
 
 log = logging.getLogger("deltabus.bench")
 
 SERVED_SCHEMA = pa.schema([("message", pa.string()), ("served_ms", pa.float64())])
-SERVE_BACKENDS = ("postgres",)
+SYSTEMS = SERVE_SYSTEMS  # per backend, the store's name
+SERVER_CPU = {"postgres": "postgresql", "opensearch": "opensearch"}  # its server's CPU name
+SINK_CPU = "serve sink"
 
 
 class ServedReader(threading.Thread):
-    """Polls the served table for new versions; records when each message showed up."""
+    """Polls a serving store for new versions; records when each message showed up.
 
-    def __init__(self, dsn: str, table: str, poll_s: float) -> None:
+    A subclass says what one poll found (`poll`) and which failures are worth another
+    poll (`is_transient`, after which `reset` drops the connection).
+    """
+
+    def __init__(self, poll_s: float) -> None:
         super().__init__(name="served-reader", daemon=True)
-        self.dsn, self.served_table, self.poll_s = dsn, table, poll_s
+        self.poll_s = poll_s
         self.stop_event = threading.Event()
         self.messages: list[list[str]] = []
         self.stamps: list[np.ndarray] = []
-        self.seen = 0
+        self.seen = 0  # served messages, each counted once (OpenSearch: once acknowledged)
         self.last_progress = time.monotonic()
         self.error: BaseException | None = None
 
-    def run(self) -> None:
-        from deltabus.serving import pg
+    def poll(self) -> tuple[list[str], int]:
+        """The messages visible now that earlier polls may not have seen (some may repeat
+        earlier sightings), and how many of them are counted for the first time."""
+        raise NotImplementedError
 
-        last = -1
-        con = None
+    def is_transient(self, exc: BaseException) -> bool:
+        return False
+
+    def reset(self) -> None:
+        """Drop the connection after a transient failure (the next poll reconnects)."""
+
+    def run(self) -> None:
         try:
             while not self.stop_event.is_set():
                 try:
-                    if con is None:
-                        con = pg.open_connection(self.dsn)
-                        con.autocommit = True
-                    with con.cursor() as cur:
-                        cur.execute(
-                            f"SELECT message, version FROM {self.served_table} WHERE version > %s",
-                            (last,),
-                        )
-                        rows = cur.fetchall()
+                    found, counted = self.poll()
                 except Exception as exc:
-                    if not pg.is_transient(exc):
+                    if not self.is_transient(exc):
                         raise
-                    con = None
-                    rows = []
-                if rows:
-                    now = time.time() * 1000
-                    self.messages.append([r[0] for r in rows])
-                    self.stamps.append(np.full(len(rows), now))
-                    last = max(r[1] for r in rows)
-                    self.seen += len(rows)
+                    self.reset()
+                    found, counted = [], 0
+                if found:
+                    self.messages.append(found)
+                    self.stamps.append(np.full(len(found), time.time() * 1000))
                     self.last_progress = time.monotonic()
+                self.seen += counted
                 self.stop_event.wait(self.poll_s)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the runner
             log.exception("served reader failed")
             self.error = exc
         finally:
-            if con is not None:
-                con.close()
+            self.reset()
 
     def table(self) -> pa.Table:
         """First sighting of every message (message, served_ms)."""
@@ -99,52 +103,107 @@ class ServedReader(threading.Thread):
         ).to_arrow_table()
 
 
+class PostgresReader(ServedReader):
+    """Reads the served table's rows of versions above the highest seen (one transaction
+    writes a run of versions, so a version is seen whole)."""
+
+    def __init__(self, dsn: str, table: str, poll_s: float) -> None:
+        super().__init__(poll_s)
+        self.dsn, self.served_table = dsn, table
+        self.last = -1
+        self.con: Any = None
+
+    def poll(self) -> tuple[list[str], int]:
+        from deltabus.serving import pg
+
+        if self.con is None:
+            self.con = pg.open_connection(self.dsn)
+            self.con.autocommit = True
+        with self.con.cursor() as cur:
+            cur.execute(
+                f"SELECT message, version FROM {self.served_table} WHERE version > %s",
+                (self.last,),
+            )
+            rows = cur.fetchall()
+        if rows:
+            self.last = max(r[1] for r in rows)
+        return [r[0] for r in rows], len(rows)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        from deltabus.serving import pg
+
+        return pg.is_transient(exc)
+
+    def reset(self) -> None:
+        if self.con is not None:
+            try:
+                self.con.close()
+            except Exception:  # noqa: BLE001 - a dead connection has nothing to close
+                pass
+            self.con = None
+
+
 class ServingRun:
-    """PostgreSQL, the sink process and the reader for one benchmark run."""
+    """The serving store, the sink process and the reader for one benchmark run.
+
+    A subclass starts and removes the store (`_start_store`, `_remove_store`), names the
+    sink's options and environment, and makes the reader.
+    """
+
+    backend: str  # one of SYSTEMS
 
     def __init__(self, settings: Any, work: Path, tag: str, poll_s: float) -> None:
         self.settings, self.work, self.tag, self.poll_s = settings, work, tag, poll_s
-        self.server = None
         self.sink: ChildProcess | None = None
         self.reader: ServedReader | None = None
         self.report: dict | None = None
         self.errors: list[str] = []
-        if settings.postgres_dsn is not None:
-            self.dsn = settings.postgres_dsn.get_secret_value()
-            self.table = f"served_bench_{uuid.uuid4().hex[:8]}"
-        else:
-            self.dsn, self.table = "", "served_unified"
+
+    @property
+    def system(self) -> str:
+        return SYSTEMS[self.backend]
+
+    def _start_store(self, cpu: Any) -> None:
+        """Start a throwaway store when none is configured, its CPU watched by `cpu`."""
+        raise NotImplementedError
+
+    def _sink_options(self) -> list[str]:
+        raise NotImplementedError
+
+    def _sink_env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _make_reader(self) -> ServedReader:
+        raise NotImplementedError
+
+    def _remove_store(self) -> None:
+        """Remove what `_start_store` and the sink created for this run."""
+
+    def redact(self, text: str) -> str:
+        """`text` without the store's credentials."""
+        return text
 
     def start(self, prefix: str, env: dict[str, str], cpu: Any) -> None:
-        """PostgreSQL (when none is configured), then the sink; returns once it follows."""
-        if not self.dsn:
-            from deltabus.local_postgres import PostgresServer
-
-            self.server = PostgresServer().start()
-            self.dsn = self.server.dsn
-            cpu.watch("postgresql", self.server.process.pid, tree=True)
+        """The store (when none is configured), then the sink; returns once it follows."""
+        self._start_store(cpu)
         ready = self.work / f"{self.tag}.serve-ready"
         ready.unlink(missing_ok=True)
         command = deltabus_command(
             "serve",
-            "postgres",
+            self.backend,
             "--follow",
-            "--table",
-            self.table,
+            *self._sink_options(),
             "--ready-file",
             str(ready),
             prefix=prefix,
             as_json=True,
         )
         self.sink = ChildProcess(
-            f"{self.tag}-serve-postgres",
-            command,
-            env | {"DELTABUS_POSTGRES_DSN": self.dsn},
-            self.work,
+            f"{self.tag}-serve-{self.backend}", command, env | self._sink_env(), self.work
         ).start()
-        cpu.watch("serve sink", self.sink.pid)
+        cpu.watch(SINK_CPU, self.sink.pid)
         self.sink.wait_file(ready, timeout=120)
-        self.reader = ServedReader(self.dsn, self.table, self.poll_s)
+        self.reader = self._make_reader()
         self.reader.start()
 
     def wait(self, total: int, grace: float, cap_s: float) -> None:
@@ -155,31 +214,92 @@ class ServingRun:
         cap = time.monotonic() + cap_s
         while reader.seen < total and reader.error is None and time.monotonic() < cap:
             if time.monotonic() - reader.last_progress > grace:
-                log.warning("serving: no new rows in PostgreSQL for %g s: giving up", grace)
+                log.warning("serving: nothing new in %s for %g s: giving up", self.system, grace)
                 return
             if self.sink is not None and not self.sink.alive():
-                self.errors.append(f"the serving sink died: {self.sink.stderr_tail(5)}")
+                tail = self.redact(self.sink.stderr_tail(5))
+                self.errors.append(f"the serving sink died: {tail}")
                 return
             time.sleep(0.25)
 
     def stop(self) -> None:
-        if self.reader is not None:
-            self.reader.stop_event.set()
-            self.reader.join(30)
-            if self.reader.error is not None:
-                self.errors.append(f"served reader failed: {self.reader.error}")
-        if self.sink is not None:
-            rc = self.sink.stop()
-            self.report = self.sink.stdout_json()
-            if rc not in (0, None):
-                self.errors.append(
-                    f"serving sink exited with status {rc}: {self.sink.stderr_tail(5)}"
-                )
-        if self.server is not None:
-            self.server.cleanup()
+        """Stop the reader and the sink (keeping its report), then remove the store."""
+        try:
+            if self.reader is not None:
+                self.reader.stop_event.set()
+                self.reader.join(30)
+                if self.reader.error is not None:
+                    self.errors.append(
+                        f"served reader failed: {self.redact(str(self.reader.error))}"
+                    )
+            if self.sink is not None:
+                rc = self.sink.stop()
+                self.report = self.sink.stdout_json()
+                if rc not in (0, None):
+                    tail = self.redact(self.sink.stderr_tail(5))
+                    self.errors.append(f"serving sink exited with status {rc}: {tail}")
+        finally:
+            self._remove_store()
 
     def served(self) -> pa.Table:
         return self.reader.table() if self.reader is not None else SERVED_SCHEMA.empty_table()
+
+
+class PostgresServingRun(ServingRun):
+    """`--serve postgres`: DELTABUS_POSTGRES_DSN (a fresh table per run), else a throwaway
+    PostgreSQL on loopback."""
+
+    backend = "postgres"
+
+    def __init__(self, settings: Any, work: Path, tag: str, poll_s: float) -> None:
+        super().__init__(settings, work, tag, poll_s)
+        self.server: Any = None
+        if settings.postgres_dsn is not None:
+            self.dsn = settings.postgres_dsn.get_secret_value()
+            self.table = f"served_bench_{uuid.uuid4().hex[:8]}"
+        else:
+            self.dsn, self.table = "", "served_unified"
+
+    def _start_store(self, cpu: Any) -> None:
+        if self.dsn:
+            return
+        from deltabus.local_postgres import PostgresServer
+
+        self.server = PostgresServer().start()
+        self.dsn = self.server.dsn
+        cpu.watch(SERVER_CPU["postgres"], self.server.process.pid, tree=True)
+
+    def _sink_options(self) -> list[str]:
+        return ["--table", self.table]
+
+    def _sink_env(self) -> dict[str, str]:
+        return {"DELTABUS_POSTGRES_DSN": self.dsn}
+
+    def _make_reader(self) -> ServedReader:
+        return PostgresReader(self.dsn, self.table, self.poll_s)
+
+    def _remove_store(self) -> None:
+        if self.server is not None:
+            self.server.cleanup()
+
+
+def serving_run(
+    backend: str,
+    settings: Any,
+    work: Path,
+    tag: str,
+    poll_s: float,
+    refresh_interval_ms: int | None = None,
+) -> ServingRun:
+    """The serving stage of one run for `backend` (one of SYSTEMS); the refresh
+    interval applies to OpenSearch only (None: the sink's default)."""
+    if backend == "opensearch":
+        from deltabus.bench.serving_opensearch import OpenSearchServingRun
+
+        return OpenSearchServingRun(settings, work, tag, poll_s, refresh_interval_ms)
+    if backend != "postgres":
+        raise ValueError(f"no serving backend {backend!r}")
+    return PostgresServingRun(settings, work, tag, poll_s)
 
 
 def _r(x: Any) -> float | None:
@@ -187,9 +307,17 @@ def _r(x: Any) -> float | None:
 
 
 def serving_summary(
-    samples: pa.Table, served: pa.Table, *, warmup_s: float, interval_s: float, classify: Any
+    samples: pa.Table,
+    served: pa.Table,
+    *,
+    warmup_s: float,
+    interval_s: float,
+    classify: Any,
+    backend: str = "postgres",
 ) -> dict[str, Any]:
-    """The serving stage of one run: percentiles, the verdict, what was not served."""
+    """The serving stage of one run: the backend, percentiles of unified commit → served
+    and sent → served (keys `unified_commit_to_<backend>`, `sent_to_<backend>`), the
+    verdict and how many messages after the warm-up were never served."""
     con = duckdb.connect()
     con.register("samples_arrow", samples)
     con.register("served", served)
@@ -223,10 +351,11 @@ def serving_summary(
     series = over_time(con, "serve_samples", interval_s)
     verdict = classify(series, e2e["p99"])
     return {
+        "backend": backend,
         "samples": int(stage["samples"]),
         "not_served": int(not_served),
-        "unified_commit_to_postgres": {k: _r(stage[k]) for k in ("p50", "p99", "p99.9", "max")},
-        "sent_to_postgres": {k: _r(e2e[k]) for k in ("p50", "p99", "p99.9", "max")},
+        f"unified_commit_to_{backend}": {k: _r(stage[k]) for k in ("p50", "p99", "p99.9", "max")},
+        f"sent_to_{backend}": {k: _r(e2e[k]) for k in ("p50", "p99", "p99.9", "max")},
         "verdict": verdict["verdict"],
         "behind": verdict,
     }
