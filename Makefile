@@ -80,7 +80,8 @@ spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delt
 	bash platform/spark.sh fetch
 	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q tests/test_spark_interop.py \
 	  tests/test_spark_log_cleanup.py \
-	  tests/test_checkpoint_writer.py::test_spark_reads_a_checkpoint_from_memory
+	  tests/test_checkpoint_writer.py::test_spark_reads_a_checkpoint_from_memory \
+	  tests/test_bench_spark.py
 
 chaos: venv minio-bin  ## seeded chaos soak: 10 min of SIGKILLs, MinIO restarts, second ETLs, then the count; SEED=n CHAOS_SECONDS=s
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \

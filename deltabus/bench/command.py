@@ -242,6 +242,16 @@ def bench(
             "sooner at the cost of more segments and merges."
         ),
     ] = None,
+    etl: Annotated[
+        str,
+        typer.Option(
+            help="The ETL between the tables: pathway (deltabus' ETL process) or spark (the "
+            "same transform as a Spark Structured Streaming job: Delta streaming source and "
+            "sink, trigger processingTime = --profile; its JVM is the 'etl' CPU). Spark needs "
+            "`make spark` once; it runs the Delta backbone on one partition only (no "
+            "--partitions, --layouts, --backlog-drain, --soak, --soak-minutes, --idle-s)."
+        ),
+    ] = "pathway",
     store: Annotated[
         str,
         typer.Option(
@@ -301,8 +311,19 @@ def bench(
         serve=serve.strip().lower() if serve else None,
         serve_refresh_ms=serve_refresh_ms,
         store=store.strip().lower(),
+        etl=etl.strip().lower(),
         command=shlex.join(["deltabus", *sys.argv[1:]]),
     )
+    if config.etl == "spark":
+        if layouts is not None:
+            raise ConfigError(
+                "--etl spark runs the unpartitioned layout only; --layouts is not supported "
+                "with it",
+                "drop --layouts, or use --etl pathway",
+            )
+        from deltabus.bench.spark_etl import require
+
+        require()  # pyspark, Java and the jars of `make spark`, before any run
     if config.partitioner != "sticky" and config.partitions == 1 and layouts is None:
         raise ConfigError(
             "--partitioner places messages among partitions: it needs --partitions > 1"

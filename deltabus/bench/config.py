@@ -12,6 +12,7 @@ from deltabus.intervals import parse_duration
 from deltabus.partitions import PARTITIONERS
 
 BACKBONES = ("delta", "kafka")
+ETLS = ("pathway", "spark")  # deltabus' ETL process; Spark Structured Streaming (spark_etl)
 # --serve: the serving sinks (deltabus.bench.serving) and the stores they serve into.
 SERVE_SYSTEMS = {"postgres": "PostgreSQL", "opensearch": "OpenSearch"}
 SERVE_BACKENDS = tuple(SERVE_SYSTEMS)
@@ -89,6 +90,7 @@ class BenchConfig:
     serve: str | None = None  # one of SERVE_BACKENDS: the serving sink as a stage
     serve_refresh_ms: int | None = None  # --serve opensearch: the index's refresh interval
     store: str = "loopback"  # store profile: latency in front of MinIO (bench.store_profiles)
+    etl: str = "pathway"  # the ETL between the tables: one of ETLS
     command: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -148,6 +150,32 @@ class BenchConfig:
         for rate in self.rates:
             if rate % self.producers and rate / self.producers < 1:
                 raise ConfigError(f"rate {rate} split over {self.producers} producers is < 1")
+        self._check_etl()
+
+    def _check_etl(self) -> None:
+        """The ETL is one of ETLS; Spark runs only the plain Delta run (one partition)."""
+        if self.etl not in ETLS:
+            raise ConfigError(f"--etl {self.etl!r} is not one of {', '.join(ETLS)}")
+        if self.etl != "spark":
+            return
+        others = [
+            name
+            for name, on in (
+                ("--partitions > 1", self.partitions > 1),
+                ("--backbone kafka/both", "kafka" in self.backbones),
+                ("--backlog-drain", self.backlog_drain > 0),
+                ("--soak", self.soak),
+                ("--soak-minutes", self.windowed),
+                ("--idle-s", self.idle_s > 0),
+            )
+            if on
+        ]
+        if others:
+            raise ConfigError(
+                f"--etl spark runs the Delta benchmark on the unpartitioned layout only; "
+                f"{', '.join(others)} is not supported with it",
+                "drop those options, or use --etl pathway",
+            )
 
     def _check_serve(self) -> None:
         if self.serve is not None and self.serve not in SERVE_BACKENDS:

@@ -128,6 +128,8 @@ def evaluate_run(
     summary = {
         "rate": state.rate,
         "backbone": state.backbone,
+        # The Kafka backbone's ETL is Pathway's (deltabus.bench.kafka_etl).
+        "etl": cfg.etl if state.backbone == "delta" else "pathway",
         "samples": result["samples"],
         "messages": messages,
         "lost": int(lost_after.height),

@@ -28,6 +28,7 @@ ANCHORS: dict[str, dict[int, tuple[float, float, bool]]] = {
 RUN_KEYS = (
     "rate",
     "backbone",
+    "etl",
     "samples",
     "messages",
     "lost",
@@ -87,6 +88,20 @@ def store_line(store: str) -> str:
     )
 
 
+# report.md's names of the ETLs (BenchConfig.etl).
+ETL_NAMES = {
+    "pathway": "pathway (deltabus' ETL process)",
+    "spark": "**spark** (Spark Structured Streaming: Delta streaming source and sink, "
+    "trigger processingTime = the commit interval)",
+}
+
+
+def etl_line(runs: list[dict]) -> str:
+    """report.md's line naming the ETL of the Delta runs (the Kafka backbone's is Pathway's)."""
+    etls = sorted({r.get("etl", "pathway") for r in runs if r["backbone"] == "delta"})
+    return "- ETL: " + ", ".join(ETL_NAMES.get(e, e) for e in etls or ["pathway"])
+
+
 def report_json(
     profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
 ) -> dict[str, Any]:
@@ -98,7 +113,8 @@ def report_json(
         "machine": machine,
         "command": command,
         "runs": [
-            {k: run[k] for k in RUN_KEYS}
+            # A run without "etl" (recorded before --etl existed) ran Pathway's.
+            {k: ({"etl": "pathway"} | run)[k] for k in RUN_KEYS}
             | ({"serving": run["serving"]} if "serving" in run else {})
             for run in runs
         ],
@@ -273,6 +289,7 @@ def report_markdown(
         "# deltabus latency benchmark",
         "",
         f"- profile: commit every {profile} (producer and ETL)",
+        etl_line(runs),
         store_line(store),
         f"- machine: {machine}",
         f"- command: `{command}`",
@@ -284,8 +301,11 @@ def report_markdown(
     ]
     head = ["rate msg/s"]
     for b in backbones:
+        spark = any(r.get("etl") == "spark" for r in runs if r["backbone"] == b)
         head.append(
-            f"deltabus commit {pk} p50 / p99 (s)" if b == "delta" else "Kafka p50 / p99 (s)"
+            f"deltabus{' + Spark ETL' if spark else ''} commit {pk} p50 / p99 (s)"
+            if b == "delta"
+            else "Kafka p50 / p99 (s)"
         )
     head += [f"anchor commit {pk} p50 / p99 (s)", f"anchor commit {other} p50 / p99 (s)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -52,6 +52,7 @@ log = logging.getLogger("deltabus.bench")
 
 START_DELAY_S = 0.5  # schedule origin this far after every producer reported ready
 MAX_DRAIN_WAIT_FACTOR = 2.0  # after the producers end, wait at most this x duration + 60 s
+SPARK_START_S = 600  # --etl spark: its JVM, session and first micro-batch, on a busy machine
 
 
 # The probe sent after the idle window: a run id of its own, left out of the analysis.
@@ -182,6 +183,8 @@ class Bench:
         self, prefix: str, env: dict, name: str, ready: Path, process: int = 0
     ) -> ChildProcess:
         ready.unlink(missing_ok=True)
+        if self.cfg.etl == "spark":
+            return self._spark_etl(env, name, ready)
         n = self.cfg.etl_processes
         command = etl_command(
             "continuous",
@@ -191,6 +194,17 @@ class Bench:
             prefix=prefix,
             **({"process": process, "processes": n} if n > 1 else {}),
         )
+        return ChildProcess(name, command, env, self.work).start()
+
+    def _spark_etl(self, env: dict, name: str, ready: Path) -> ChildProcess:
+        """The Spark Structured Streaming ETL (deltabus.bench.spark_etl) as its own process,
+        its query's checkpoint a fresh directory beside the logs."""
+        checkpoint = self.work / f"{name}.spark-checkpoint"
+        shutil.rmtree(checkpoint, ignore_errors=True)  # a stale one names other tables
+        trigger_ms = round(self.cfg.commit_interval * 1000)
+        command = [sys.executable, "-m", "deltabus.bench.spark_etl"]
+        command += ["--trigger-ms", str(trigger_ms), "--checkpoint", str(checkpoint)]
+        command += ["--ready-file", str(ready)]
         return ChildProcess(name, command, env, self.work).start()
 
     def _run_delta_windowed(self, lake: Lake, state: RunState) -> dict[str, Any]:
@@ -280,7 +294,7 @@ class Bench:
         ready = self.work / f"{tag}.etl-ready"
         etl = self._etl(lake.settings.prefix, env, f"{tag}-etl", ready)
         cpu = CpuMeter()
-        cpu.watch("etl", etl.pid)
+        cpu.watch("etl", etl.pid, tree=cfg.etl == "spark")  # Spark: the driver and its JVM
         # More ETL processes, each owning its share of the partitions (a consumer group).
         more_etls = []
         for j in range(1, cfg.etl_processes):
@@ -327,7 +341,7 @@ class Bench:
                 ProducerHandle(s, cfg.producer_mode, env, self.work, lake) for s in state.specs
             ]
             t0 = time.monotonic()
-            etl.wait_file(ready)
+            etl.wait_file(ready, timeout=SPARK_START_S if cfg.etl == "spark" else 180)
             for extra, extra_ready in more_etls:
                 extra.wait_file(extra_ready)
             state.timings["etl_ready_s"] = round(time.monotonic() - t0, 2)
