@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # Seconds of Delta log kept behind the last checkpoint in tables deltabus creates;
     # None keeps Delta's default (30 days). Tailing readers must never lag more than this.
     log_retention_s: int | None = Field(None, ge=10)
+    # Seconds a removed data file stays in the log state (checkpoints, and the memory of every
+    # writer and tail) of tables deltabus creates; None keeps Delta's default (1 week). A
+    # table compacted while it streams holds one entry per file removed within it.
+    deleted_file_retention_s: int | None = Field(None, ge=10)
     # Versions between the checkpoints deltabus writers write on a background thread.
     checkpoint_interval: int = Field(100, ge=1, le=10_000)
     # Seconds storage calls retry through an outage (deltabus.retry), DELTABUS_RETRY_MAX_WAIT_S.
@@ -158,6 +162,8 @@ class Settings(BaseSettings):
             env["DELTABUS_NOTIFY_URL"] = self.notify_url
         if self.log_retention_s is not None:
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)
+        if self.deleted_file_retention_s is not None:
+            env["DELTABUS_DELETED_FILE_RETENTION_S"] = str(self.deleted_file_retention_s)
         if self.secret_key is not None:
             env["DELTABUS_SECRET_KEY"] = self.secret_key.get_secret_value()
         if self.postgres_dsn is not None:

@@ -54,13 +54,18 @@ META_PREFIX = "deltabus."
 
 def table_configuration(lake: Lake) -> dict[str, str]:
     """Properties of tables deltabus creates: change data feed, write-serializable
-    isolation, and the log retention."""
+    isolation, the log retention and the deleted-file retention."""
     config = dict(TABLE_CONFIGURATION)
     retention = lake.settings.log_retention_s
     if retention:
         # Log files older than this are deleted at the next checkpoint: a short retention
         # keeps commits fast on object stores whose listings grow with the log.
         config["delta.logRetentionDuration"] = f"interval {int(retention)} seconds"
+    deleted = lake.settings.deleted_file_retention_s
+    if deleted:
+        # Removed files leave the log state after this, so compaction under a stream does
+        # not grow checkpoints and writers' memory for a week (docs/adr/0035).
+        config["delta.deletedFileRetentionDuration"] = f"interval {int(deleted)} seconds"
     return config
 
 

@@ -89,3 +89,54 @@ def test_lag_agrees_with_the_etl_after_log_cleanup(tmp_path: Path) -> None:
     assert {t: v["processed_version"] for t, v in after["tables"].items()} == positions
     assert all(v >= 0 for v in positions.values())
     assert after["data_commits_behind"] == 0
+
+
+def _checkpoint_removes(lake: Lake, table: str) -> int:
+    """Remove actions in the newest checkpoint of `table`."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    log = Path(lake.uri(table)) / "_delta_log"
+    last = json.loads((log / "_last_checkpoint").read_text())
+    part = pq.read_table(log / f"{last['version']:020d}.checkpoint.parquet", columns=["remove"])
+    return part.num_rows - part.column("remove").null_count
+
+
+@pytest.mark.parametrize("deleted_file_retention_s", [None, 10])
+def test_removed_files_leave_the_log_state_after_their_retention(
+    tmp_path: Path, deleted_file_retention_s: int | None
+) -> None:
+    """After a compaction, the producer's next checkpoint (written from its memory) keeps
+    the removed files for delta.deletedFileRetentionDuration: a week by default, so a
+    stream compacted every few minutes grows its checkpoints and writers' memory for a
+    week; 10 s here, so they are gone 11 s later."""
+    from deltabus.maintenance import maintain_table
+
+    lake = Lake(
+        Settings(
+            storage="local",
+            local_root=tmp_path / "lake",
+            prefix="p",
+            checkpoint_interval=5,
+            deleted_file_retention_s=deleted_file_retention_s,
+        )
+    )
+    first = ProducerConfig(rate=2000, count=6000, commit_interval=0.05, run_id="a")
+    assert Producer(lake, first).run().messages == 6000
+    dt = lake.open("timezone1")
+    expected = None if deleted_file_retention_s is None else "interval 10 seconds"
+    assert dt.metadata().configuration.get("delta.deletedFileRetentionDuration") == expected
+    compacted = maintain_table(lake, "timezone1", retention_hours=1)
+    assert compacted.files_compacted >= 5
+    assert _checkpoint_removes(lake, "timezone1") >= compacted.files_compacted
+
+    time.sleep(11)
+    second = ProducerConfig(rate=2000, count=6000, commit_interval=0.05, run_id="b")
+    assert Producer(lake, second).run().messages == 6000
+    assert lake.open("timezone1").version() >= compacted.version_after + 5  # a new checkpoint
+    removes = _checkpoint_removes(lake, "timezone1")
+    if deleted_file_retention_s is None:
+        assert removes >= compacted.files_compacted
+    else:
+        assert removes == 0

@@ -177,7 +177,8 @@ def bench(
         typer.Option(
             help="Soak: vacuum removes files unreferenced for this many hours (whole hours, "
             ">= 1). Default: 24 h or 4 x the run, whichever is longer; a shorter one lets "
-            "the object count level off within the run."
+            "the object count level off within the run. The run's tables keep removed files in "
+            "their log state as long (delta.deletedFileRetentionDuration)."
         ),
     ] = None,
     log_retention_s: Annotated[

@@ -88,10 +88,15 @@ class Bench:
         objects a windowed soak lists (default: `settings.minio_endpoint`); `proxy_pids`
         the store profile's proxies, sampled per window by a windowed soak. A
         `cfg.log_retention_s` overrides the settings' log retention for every table and
-        process of the run."""
+        process of the run; a run with maintenance keeps removed files in its tables' log
+        state as long as vacuum's retention, unless the settings give a retention."""
         self.cfg = cfg
         if cfg.log_retention_s is not None:
             settings = settings.model_copy(update={"log_retention_s": cfg.log_retention_s})
+        if cfg.maintenance and settings.deleted_file_retention_s is None:
+            # Removed files leave the log state when vacuum may delete them (docs/adr/0035).
+            update = {"deleted_file_retention_s": cfg.vacuum_hours * 3600}
+            settings = settings.model_copy(update=update)
         self.settings = settings
         self.metrics_endpoint = metrics_endpoint or settings.minio_endpoint
         self.proxy_pids = dict(proxy_pids or {})
