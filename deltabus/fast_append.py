@@ -98,7 +98,7 @@ def eligible(protocol: dict[str, Any], metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def _state_of(dt: DeltaTable) -> tuple[dict[str, Any], dict[str, Any]]:
+def protocol_and_metadata(dt: DeltaTable) -> tuple[dict[str, Any], dict[str, Any]]:
     """The protocol and metadata of a delta-rs handle, as log actions."""
     p, m = dt.protocol(), dt.metadata()
     protocol: dict[str, Any] = {
@@ -155,7 +155,7 @@ class TableAppender:
         self._base: dict[str, int | None] = {}  # app transactions as of `dt`'s version
         # Told about every version this appender writes or reads, with its actions.
         self.checkpointer: BackgroundCheckpointer | None = None
-        self.protocol, self.metadata = _state_of(dt)
+        self.protocol, self.metadata = protocol_and_metadata(dt)
         self._next_name = data_file_name()
         self.reason = eligible(self.protocol, self.metadata)
         if self.reason:

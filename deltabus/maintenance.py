@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+from deltalake import DeltaTable
+
+from deltabus.compaction import CompactionConflict, compact
 from deltabus.errors import ConfigError
 from deltabus.lake import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE, Lake
 from deltabus.retry import retry_storage
@@ -37,7 +40,8 @@ class TableMaintenance:
 def maintain_table(lake: Lake, table: str, retention_hours: float) -> TableMaintenance:
     dt = lake.open(table)
     before = dt.version()
-    metrics = retry_storage(lambda: dt.optimize.compact(), what=f"compact {table}")
+    compacted, added = _compact(lake, table, dt)
+    dt = retry_storage(lambda: lake.open(table), what=f"load {table}")
     retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
     checkpoint = dt.version()
     # Log files older than the table's delta.logRetentionDuration and behind the
@@ -55,11 +59,26 @@ def maintain_table(lake: Lake, table: str, retention_hours: float) -> TableMaint
         table=table,
         version_before=before,
         version_after=dt.version(),
-        files_compacted=int(metrics.get("numFilesRemoved", 0)),
-        files_added=int(metrics.get("numFilesAdded", 0)),
+        files_compacted=compacted,
+        files_added=added,
         checkpoint_version=checkpoint,
         files_vacuumed=len(vacuumed),
     )
+
+
+def _compact(lake: Lake, table: str, dt: DeltaTable) -> tuple[int, int]:
+    """Files removed and added by compacting `table`: beside live writers where this
+    package can rewrite the table (deltabus.compaction), else by delta-rs. A conflict
+    with another writer's delete or schema change leaves the files to the next pass."""
+    try:
+        done = compact(lake, table)
+    except CompactionConflict as exc:
+        log.info("compaction of %s left to the next pass: %s", table, exc)
+        return 0, 0
+    if done is not None:
+        return done.files_removed, done.files_added
+    metrics = retry_storage(lambda: dt.optimize.compact(), what=f"compact {table}")
+    return int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0))
 
 
 def maintain(
