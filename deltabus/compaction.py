@@ -27,6 +27,7 @@ from urllib.parse import unquote as _unquote
 import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
 from deltabus import __version__
@@ -72,13 +73,15 @@ class Compacted:
 
 
 def plan_compaction(
-    lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES
+    lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES, dt: DeltaTable | None = None
 ) -> CompactionPlan | None:
     """Bins of the table's files smaller than `target_bytes`, oldest first, each bin at
-    most `target_bytes` of Parquet; a bin of one file is not a rewrite. None when this
+    most `target_bytes` of Parquet, read from `dt` when given (else the table is loaded);
+    a bin of one file is not a rewrite. None when this
     module does not rewrite the table (a feature a plain writer does not honour, deletion
     vectors, or file names that need escaping); the caller then uses delta-rs."""
-    dt = retry_storage(lambda: lake.open(table), what=f"load {table}")
+    if dt is None:
+        dt = retry_storage(lambda: lake.open(table), what=f"load {table}")
     protocol, metadata = protocol_and_metadata(dt)
     reason = eligible(protocol, metadata)
     if reason is None and "deletionVectors" in (protocol.get("writerFeatures") or ()):
@@ -112,7 +115,9 @@ def plan_compaction(
     return plan
 
 
-def compact(lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES) -> Compacted | None:
+def compact(
+    lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES, dt: DeltaTable | None = None
+) -> Compacted | None:
     """Rewrite the table's small files and commit the rewrite beside live writers.
 
     Returns None when the table needs delta-rs (see `plan_compaction`), and a `Compacted`
@@ -120,7 +125,7 @@ def compact(lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES) -> Co
     commit removed an input file or changed the schema first; nothing is then committed
     and the files written are deleted.
     """
-    plan = plan_compaction(lake, table, target_bytes)
+    plan = plan_compaction(lake, table, target_bytes, dt)
     if plan is None:
         return None
     if not plan.bins:

@@ -41,7 +41,7 @@ def maintain_table(lake: Lake, table: str, retention_hours: float) -> TableMaint
     dt = lake.open(table)
     before = dt.version()
     compacted, added = _compact(lake, table, dt)
-    dt = retry_storage(lambda: lake.open(table), what=f"load {table}")
+    retry_storage(dt.update_incremental, what=f"load {table}")
     retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
     checkpoint = dt.version()
     # Log files older than the table's delta.logRetentionDuration and behind the
@@ -71,7 +71,7 @@ def _compact(lake: Lake, table: str, dt: DeltaTable) -> tuple[int, int]:
     package can rewrite the table (deltabus.compaction), else by delta-rs. A conflict
     with another writer's delete or schema change leaves the files to the next pass."""
     try:
-        done = compact(lake, table)
+        done = compact(lake, table, dt=dt)
     except CompactionConflict as exc:
         log.info("compaction of %s left to the next pass: %s", table, exc)
         return 0, 0
