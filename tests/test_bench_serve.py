@@ -30,11 +30,13 @@ STORE_VARS = ("DELTABUS_POSTGRES_DSN", "DELTABUS_OPENSEARCH_URL")
 
 
 def _bench(minio: MinioServer, tmp_path: Path, backend: str) -> tuple[str, dict, Path]:
-    """A 5 s run at 2000 msg/s with `--serve backend`: its stdout, report.json and --out."""
+    """A 5 s run at 2000 msg/s with `--serve backend --serve-replay`: its stdout,
+    report.json and --out."""
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
     out = tmp_path / "out"
     args = ["bench", "--rates", "2000", "--duration", "5", "--warmup", "1", "--serve", backend]
-    args += ["--out", str(out), "--no-local-minio", "--grace", "15", "--no-progress"]
+    args += ["--serve-replay", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    args += ["--no-progress"]
     env = {k: v for k, v in lake_env(lake).items() if k not in STORE_VARS}
     result = run_cli(args, env, tmp_path, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -57,6 +59,11 @@ def _check_serving(report: dict, out: Path, backend: str, server: str) -> dict:
     assert {"serve sink", server} <= set(run["cost"]["cpu_s_per_million_msgs"])
     assert f"{backend} serving" in report["highest_keeping_up_rate"]
     assert "Serving stage" in (out / "report.md").read_text()
+    replay = serving["replay"]  # the sink alone loaded the whole table into a fresh target
+    assert replay["rows"] == 10_000 and replay["rows_per_s"] > 0, replay
+    assert replay["sink_cpu_s"] > 0 and replay["server_cpu_s"] > 0, replay
+    assert replay["target"].endswith("_replay")
+    assert "standalone" in (out / "report.md").read_text()
     return serving
 
 
@@ -96,6 +103,8 @@ def test_serve_options_are_checked(tmp_path: Path) -> None:
             BenchConfig(**base, **bad)
     with pytest.raises(ConfigError, match="1..60000"):
         BenchConfig(serve="opensearch", serve_refresh_ms=0, **base)
+    with pytest.raises(ConfigError, match="--serve-replay"):
+        BenchConfig(serve_replay=True, **base)
 
 
 def test_unknown_serve_backend_is_refused_before_a_run(tmp_path: Path) -> None:
@@ -192,11 +201,17 @@ def test_configured_opensearch_gets_an_index_of_the_run(
     runs = [serving_run("opensearch", settings, tmp_path, "t", 0.02, 250) for _ in range(2)]
     first, second = runs
     assert first.index.startswith("served_bench_") and first.index != second.index
-    options = first._sink_options()
+    options = first._sink_options(first.target)
     assert options == ["--index", first.index, "--refresh-interval-ms", "250"]
     assert first._sink_env() == {"DELTABUS_OPENSEARCH_URL": url}  # the child's only
     assert "s3cret" not in first.redact(f"failed at {url}: s3cret")
     cluster = FakeCluster()
     monkeypatch.setattr("deltabus.serving.opensearch_connection.client", lambda _: cluster)
     first.stop()  # nothing started: only this run's index and position are removed
-    assert cluster.removed == [(first.index, None), ("deltabus_sink_position", first.index)]
+    replay = f"{first.index}_replay"  # --serve-replay's index, when it ran
+    assert cluster.removed == [
+        (first.index, None),
+        ("deltabus_sink_position", first.index),
+        (replay, None),
+        ("deltabus_sink_position", replay),
+    ]

@@ -243,6 +243,15 @@ def bench(
             "sooner at the cost of more segments and merges."
         ),
     ] = None,
+    serve_replay: Annotated[
+        bool,
+        typer.Option(
+            help="With --serve: after each run, with nothing else running, a fresh sink "
+            "(`deltabus serve <backend> --once`) loads the unified table's whole net content "
+            "into a fresh table or index; reports its rows per second and the CPU of the "
+            "sink and the store's server (the sink's standalone bulk rate)."
+        ),
+    ] = False,
     etl: Annotated[
         str,
         typer.Option(
@@ -311,6 +320,7 @@ def bench(
         notify=notify,
         serve=serve.strip().lower() if serve else None,
         serve_refresh_ms=serve_refresh_ms,
+        serve_replay=serve_replay,
         store=store.strip().lower(),
         etl=etl.strip().lower(),
         command=shlex.join(["deltabus", *sys.argv[1:]]),

@@ -89,6 +89,7 @@ class BenchConfig:
     notify: bool = False  # tails woken by MinIO's pushed commit events (a relay), not polls
     serve: str | None = None  # one of SERVE_BACKENDS: the serving sink as a stage
     serve_refresh_ms: int | None = None  # --serve opensearch: the index's refresh interval
+    serve_replay: bool = False  # --serve: after the run, the sink alone loads the whole table
     store: str = "loopback"  # store profile: latency in front of MinIO (bench.store_profiles)
     etl: str = "pathway"  # the ETL between the tables: one of ETLS
     command: str = ""
@@ -180,6 +181,8 @@ class BenchConfig:
     def _check_serve(self) -> None:
         if self.serve is not None and self.serve not in SERVE_BACKENDS:
             raise ConfigError(f"--serve {self.serve!r} is not one of {', '.join(SERVE_BACKENDS)}")
+        if self.serve_replay and self.serve is None:
+            raise ConfigError("--serve-replay measures the sink of --serve postgres|opensearch")
         if self.serve_refresh_ms is None:
             return
         if self.serve != "opensearch":

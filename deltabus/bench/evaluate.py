@@ -54,6 +54,7 @@ class RunState:
     idle: dict | None = None  # cost with the pipeline running and no traffic
     served: pa.Table | None = None  # --serve: when each message became visible in the store
     serving_report: dict | None = None  # --serve: the sink's own report
+    serving_replay: dict | None = None  # --serve-replay: the sink alone loading the table
 
 
 def evaluate_run(
@@ -240,6 +241,8 @@ def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[
         k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
     }
     out["sink_report"] = state.serving_report
+    if state.serving_replay is not None:
+        out["replay"] = state.serving_replay
     if out["not_served"]:
         errors.append(
             f"{out['not_served']} message(s) seen in timezone_unified but never in "

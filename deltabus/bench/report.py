@@ -267,6 +267,23 @@ def serving_markdown(runs: list[dict]) -> list[str]:
                 f"{_pair(e2e['p50'], e2e['p99'])} | {s['not_served']:,} | {s['verdict']} | "
                 f"{cpu or '—'} |"
             )
+        replays = [(r["rate"], r["serving"]["replay"]) for r in mine if "replay" in r["serving"]]
+        if replays:
+            lines += [
+                "",
+                f"The sink alone (`--serve-replay`): after the run, with nothing else running, "
+                f"a fresh sink loaded the unified table's net content into {system}; the "
+                "standalone rate counts its whole run (start, reading the table, loading).",
+                "",
+                "| run's rate | rows | seconds | rows/s | CPU-s: sink / server |",
+                "|---|---|---|---|---|",
+            ]
+            for rate, rp in replays:
+                lines.append(
+                    f"| {rate:,} | {rp['rows'] or 0:,} | {rp['elapsed_s']} | "
+                    f"{rp['rows_per_s'] or 0:,} | {rp['sink_cpu_s']} / "
+                    f"{'—' if rp['server_cpu_s'] is None else rp['server_cpu_s']} |"
+                )
     return lines
 
 

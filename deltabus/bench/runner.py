@@ -421,9 +421,10 @@ class Bench:
                 maint.stop()
                 state.maintenance = _json_lines(maint.stdout_path)
             if serving is not None:
-                serving.stop()
+                serving.stop(replay=cfg.serve_replay)
                 state.errors.extend(serving.errors)
                 state.served, state.serving_report = serving.served(), serving.report
+                state.serving_replay = serving.replay_report
         if consumer.error is not None:
             state.errors.append(f"consumer failed: {consumer.error}")
         if soak is not None:  # nothing kept per message: the windows have it all

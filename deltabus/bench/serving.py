@@ -14,6 +14,7 @@ store's server (its process and all its children).
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 import time
 import uuid
@@ -34,6 +35,7 @@ SERVED_SCHEMA = pa.schema([("message", pa.string()), ("served_ms", pa.float64())
 SYSTEMS = SERVE_SYSTEMS  # per backend, the store's name
 SERVER_CPU = {"postgres": "postgresql", "opensearch": "opensearch"}  # its server's CPU name
 SINK_CPU = "serve sink"
+REPLAY_TIMEOUT_S = 1800  # --serve-replay: the longest a standalone load may take
 
 
 class ServedReader(threading.Thread):
@@ -157,7 +159,10 @@ class ServingRun:
         self.sink: ChildProcess | None = None
         self.reader: ServedReader | None = None
         self.report: dict | None = None
+        self.replay_report: dict | None = None
         self.errors: list[str] = []
+        self._command_prefix = ""
+        self._env: dict[str, str] = {}
 
     @property
     def system(self) -> str:
@@ -167,8 +172,18 @@ class ServingRun:
         """Start a throwaway store when none is configured, its CPU watched by `cpu`."""
         raise NotImplementedError
 
-    def _sink_options(self) -> list[str]:
+    @property
+    def target(self) -> str:
+        """The table or index the run's sink serves into."""
         raise NotImplementedError
+
+    def _sink_options(self, target: str) -> list[str]:
+        """The sink's options for serving into `target` (a table or an index)."""
+        raise NotImplementedError
+
+    def _server_pid(self) -> int | None:
+        """The throwaway store's server process (None: a configured store)."""
+        return None
 
     def _sink_env(self) -> dict[str, str]:
         raise NotImplementedError
@@ -186,13 +201,14 @@ class ServingRun:
     def start(self, prefix: str, env: dict[str, str], cpu: Any) -> None:
         """The store (when none is configured), then the sink; returns once it follows."""
         self._start_store(cpu)
+        self._command_prefix, self._env = prefix, env
         ready = self.work / f"{self.tag}.serve-ready"
         ready.unlink(missing_ok=True)
         command = deltabus_command(
             "serve",
             self.backend,
             "--follow",
-            *self._sink_options(),
+            *self._sink_options(self.target),
             "--ready-file",
             str(ready),
             prefix=prefix,
@@ -222,8 +238,9 @@ class ServingRun:
                 return
             time.sleep(0.25)
 
-    def stop(self) -> None:
-        """Stop the reader and the sink (keeping its report), then remove the store."""
+    def stop(self, replay: bool = False) -> None:
+        """Stop the reader and the sink (keeping its report); with `replay`, measure the
+        sink alone (`replay_report`); then remove the store."""
         try:
             if self.reader is not None:
                 self.reader.stop_event.set()
@@ -238,8 +255,63 @@ class ServingRun:
                 if rc not in (0, None):
                     tail = self.redact(self.sink.stderr_tail(5))
                     self.errors.append(f"serving sink exited with status {rc}: {tail}")
+            if replay and self.sink is not None and not self.errors:
+                self.replay_report = self._replay()
         finally:
             self._remove_store()
+
+    def _replay(self) -> dict[str, Any]:
+        """The sink alone: a fresh sink (`--once`) loads the unified table's net content
+        into a fresh target while nothing else runs; rows per second over its whole run
+        (start, reading the table, loading), and the CPU of the sink and the server."""
+        from deltabus.bench.environment import process_tree_cpu_s
+
+        target = f"{self.target}_replay"
+        command = deltabus_command(
+            "serve",
+            self.backend,
+            "--once",
+            *self._sink_options(target),
+            prefix=self._command_prefix,
+            as_json=True,
+        )
+        server_pid = self._server_pid()
+        server_before = process_tree_cpu_s(server_pid) if server_pid else None
+        children_before = _children_cpu_s()
+        started = time.monotonic()
+        sink = ChildProcess(
+            f"{self.tag}-replay-{self.backend}", command, self._env | self._sink_env(), self.work
+        ).start()
+        rc = sink.wait(timeout=REPLAY_TIMEOUT_S)
+        elapsed = time.monotonic() - started
+        sink_cpu = _children_cpu_s() - children_before  # the only child ended meanwhile
+        server_after = process_tree_cpu_s(server_pid) if server_pid else None
+        report = sink.stdout_json() or {}
+        if rc != 0:
+            tail = self.redact(sink.stderr_tail(5))
+            self.errors.append(f"the replaying sink exited with status {rc}: {tail}")
+        rows = report.get("indexed_docs", report.get("served_rows"))
+        out: dict[str, Any] = {
+            "target": target,
+            "rows": rows,
+            "elapsed_s": round(elapsed, 3),
+            "rows_per_s": round(rows / elapsed) if rows and elapsed > 0 else None,
+            "sink_cpu_s": round(sink_cpu, 2),
+            "server_cpu_s": None,
+            "sink_report": report,
+        }
+        if server_before is not None and server_after is not None:
+            out["server_cpu_s"] = round(server_after - server_before, 2)
+        log.info(
+            "serving replay: %s rows into %s in %.1f s (%s rows/s), sink %.1f CPU-s, server %s",
+            rows,
+            target,
+            elapsed,
+            out["rows_per_s"],
+            sink_cpu,
+            out["server_cpu_s"],
+        )
+        return out
 
     def served(self) -> pa.Table:
         return self.reader.table() if self.reader is not None else SERVED_SCHEMA.empty_table()
@@ -269,8 +341,15 @@ class PostgresServingRun(ServingRun):
         self.dsn = self.server.dsn
         cpu.watch(SERVER_CPU["postgres"], self.server.process.pid, tree=True)
 
-    def _sink_options(self) -> list[str]:
-        return ["--table", self.table]
+    @property
+    def target(self) -> str:
+        return self.table
+
+    def _sink_options(self, target: str) -> list[str]:
+        return ["--table", target]
+
+    def _server_pid(self) -> int | None:
+        return self.server.process.pid if self.server is not None else None
 
     def _sink_env(self) -> dict[str, str]:
         return {"DELTABUS_POSTGRES_DSN": self.dsn}
@@ -281,6 +360,12 @@ class PostgresServingRun(ServingRun):
     def _remove_store(self) -> None:
         if self.server is not None:
             self.server.cleanup()
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process' children that have ended and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def serving_run(

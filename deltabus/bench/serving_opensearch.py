@@ -172,8 +172,15 @@ class OpenSearchServingRun(ServingRun):
         log.info("OpenSearch warmed up: %d documents in %.1f s", docs, time.monotonic() - started)
         cpu.watch(SERVER_CPU["opensearch"], self.node.process.pid, tree=True)
 
-    def _sink_options(self) -> list[str]:
-        return ["--index", self.index, "--refresh-interval-ms", str(self.refresh_interval_ms)]
+    @property
+    def target(self) -> str:
+        return self.index
+
+    def _sink_options(self, target: str) -> list[str]:
+        return ["--index", target, "--refresh-interval-ms", str(self.refresh_interval_ms)]
+
+    def _server_pid(self) -> int | None:
+        return self.node.process.pid if self.node is not None else None
 
     def _sink_env(self) -> dict[str, str]:
         return {"DELTABUS_OPENSEARCH_URL": self.url}
@@ -194,8 +201,9 @@ class OpenSearchServingRun(ServingRun):
             return
         client = osc.client(self.url)
         try:
-            client.indices.delete(index=self.index, ignore_unavailable=True)
-            client.delete(index=POSITION_INDEX, id=self.index, ignore=[404])
+            for index in (self.index, f"{self.index}_replay"):
+                client.indices.delete(index=index, ignore_unavailable=True)
+                client.delete(index=POSITION_INDEX, id=index, ignore=[404])
         except Exception as exc:  # noqa: BLE001 - the run's figures stand; say what is left
             log.warning(
                 "could not remove the index %s and its position from %s: %s",
