@@ -54,11 +54,12 @@ demo: minio postgres opensearch dagster-home  ## set everything up, run pipeline
 ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://127.0.0.1:3000
 	$(PY) -m dagster dev -h 127.0.0.1 -p 3000
 
-bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweep on a throwaway MinIO, Kafka side by side, and behind an S3 Standard latency profile; reports in bench-out/
-	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000,30000,70000 --backbone both --duration 60 --warmup 15 --out bench-out/100ms
-	$(PY) -m deltabus bench --local-minio --profile 1000ms --rates 10000,100000,150000,250000 --duration 60 --warmup 15 --out bench-out/1000ms
-	$(PY) -m deltabus bench --local-minio --profile 100ms --rates 10000 --duration 60 --warmup 15 --idle-s 60 --out bench-out/idle
-	$(PY) -m deltabus bench --local-minio --store s3-standard --profile 100ms --rates 10000,30000,70000 --duration 60 --warmup 15 --out bench-out/s3-standard
+# `make bench` runs these workload files (workloads/*.yaml); any other runs with
+# `deltabus bench --workload workloads/NAME.yaml`.
+BENCH_WORKLOADS ?= sweep-100ms sweep-1000ms idle store-s3-standard
+
+bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweeps of workloads/ (Kafka side by side, idle cost, behind an S3 Standard latency profile); reports in bench-out/
+	for w in $(BENCH_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml || exit 1; done
 
 opensearch-jars:  ## fetch the embedded OpenSearch node's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/opensearch.sh fetch

@@ -45,11 +45,28 @@ HELP = (
     "deltabus bench --rates 10k,150k --layouts 1x1,2x2,4x2 --rounds 3 --out layouts-out\n\n"
     "deltabus bench --local-minio --store s3-standard --rates 10000 --out bench-out/s3-standard\n\n"
     "deltabus bench --local-minio --rates 50000 --warmup 60 --soak-minutes 120 "
-    "--window-minutes 10 --vacuum-retention-hours 1 --out soak-out"
+    "--window-minutes 10 --vacuum-retention-hours 1 --out soak-out\n\n"
+    "deltabus bench --workload workloads/s3-standard.yaml"
 )
 
 
+def _workload(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
+    from deltabus.bench.workload_file import apply_workload
+
+    return apply_workload(ctx, param, value)
+
+
 def bench(
+    workload: Annotated[
+        Path | None,
+        typer.Option(
+            help="A YAML file of these options (workloads/*.yaml: `rates: [10000, 30000]`, "
+            "`store: s3-standard`, ...; `-` or `_` alike, plus a free-text `description`). "
+            "Options given on the command line win over the file's.",
+            is_eager=True,
+            callback=_workload,
+        ),
+    ] = None,
     rates: Annotated[
         str, typer.Option(help="Comma-separated target rates in msg/s (10000,30000 or 10k,30k).")
     ] = "10000",
