@@ -83,7 +83,20 @@ def register_delta_views(
 
 
 def lake_connection(lake: Lake, tables: tuple[str, ...] = ALL_TABLES) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the lake's tables as views."""
+    """An in-memory DuckDB connection with the lake's tables as views.
+
+    Args:
+        lake: the lake whose tables to expose.
+        tables: the table names; each that exists becomes a view of that name (a
+            missing one is left out), and `timezone_unified` brings its net-content view
+            `timezone_unified_net`.
+
+    Returns:
+        A DuckDB connection; the caller closes it.
+
+    Example:
+        `lake_connection(lake).sql("SELECT count(*) FROM timezone_unified").fetchone()`
+    """
     con = duckdb.connect()
     register_delta_views(con, lake, tables)
     return con

@@ -193,8 +193,20 @@ class Settings(BaseSettings):
 def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: object) -> Settings:
     """Build settings from the environment, a `.env` file and explicit overrides.
 
-    The `.env` file is `env_file`, else `$DELTABUS_ENV_FILE`, else `./.env` when it exists.
-    A named file that cannot be read is an error, never silently skipped.
+    Args:
+        env_file: the `.env` file to read; else `$DELTABUS_ENV_FILE`, else `./.env` when
+            it exists.
+        **overrides: field values that win over the environment and the file.
+
+    Returns:
+        The validated settings (secrets as `SecretStr`, never printed).
+
+    Raises:
+        ConfigError: a named `.env` file cannot be read (never silently skipped), or a
+            value is invalid; the message names the variable and how to fix it.
+
+    Example:
+        `load_settings(prefix="lake/dev", minio_endpoint="http://127.0.0.1:9000")`
     """
     path = env_file or os.environ.get(ENV_FILE_VAR)
     named = bool(path)

@@ -70,7 +70,28 @@ def table_configuration(lake: Lake) -> dict[str, str]:
 
 
 def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
-    """Open `table`, creating it empty with the contract schema when it does not exist."""
+    """Open `table`, creating it empty with `schema` when it does not exist.
+
+    Safe to call from several processes at once: a create that loses to another writer's
+    create opens the table that writer made.
+
+    Args:
+        lake: the lake whose root holds the table.
+        table: the table's name under the lake root (e.g. "timezone1").
+        schema: the Arrow schema of a new table; an existing table keeps its own.
+
+    Returns:
+        The table, loaded at its latest version. A new one carries deltabus' table
+        properties (`table_configuration`: change data feed, writeSerializable isolation,
+        the configured log and removed-file retention).
+
+    Raises:
+        StorageError: the lake cannot be reached or written (bucket, credentials,
+            endpoint), after deltabus' storage retries.
+
+    Example:
+        `dt = ensure_table(Lake(load_settings()), "timezone1", INPUT_SCHEMA)`
+    """
     if not lake.exists(table):
         try:
             DeltaTable.create(
@@ -140,6 +161,29 @@ def append_once(
     fence: Callable[[DeltaTable], None] | None = None,
 ) -> bool:
     """Append `data` as commit `seq` of writer `app_id`, exactly once.
+
+    Args:
+        dt: the table, loaded (it is brought up to date before a retry).
+        data: the rows, in the table's schema.
+        app_id: the writer's stable name; its positions live in the table as the Delta
+            app transaction of that id.
+        seq: this batch's number, strictly increasing per `app_id` across restarts.
+        custom_metadata: string pairs recorded in the commit info.
+        what: what is being written, for the error raised when retries run out.
+        markers: further app transactions committed atomically with the rows.
+        checkpointer: hands checkpoints and log cleanup to a background thread.
+        fence: raises when this writer was fenced by a newer one.
+
+    Returns:
+        True when this call committed the rows; False when (app_id, seq) was already in
+        the log (an earlier attempt landed), and nothing was written.
+
+    Raises:
+        StorageError: the lake failed past the retry budget, or a failure no retry can
+            cure (access denied, read-only or full store).
+
+    Example:
+        `append_once(dt, batch, app_id="orders-writer", seq=42, custom_metadata={}, what="orders")`
 
     The commit carries the app transaction (app_id, seq). Before every retry the log
     is re-read: if (app_id, seq) is already there (an earlier attempt landed but its

@@ -105,6 +105,19 @@ class Commit:
 class DeltaLogTail:
     """Reads the commits of one table from a version on, as they land.
 
+    One GET of the next log entry per poll; a commit's added rows (and, with the change
+    data feed, its retractions) come back as one Arrow table.
+
+    Args:
+        lake: the lake holding the table.
+        table: the table's name under the lake root.
+        columns: the logical columns to read (None: all).
+        skip_change_commits: skip a commit whose deleted rows the log cannot name.
+        skip_corrupt_files: leave out a data file that cannot be read as Parquet.
+
+    Example:
+        `tail = DeltaLogTail(lake, "timezone_unified"); tail.start(0); tail.commit(0)`
+
     `columns` limits the logical columns read. With `skip_change_commits`, a commit
     whose deleted rows cannot be told from the log is skipped whole (counted in
     `skipped_change_commits`) instead of raising `ChangeWithoutCdfError`. With
