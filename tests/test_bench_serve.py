@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from deltabus.bench.config import BenchConfig
-from deltabus.bench.report import report_json, serving_markdown
+from deltabus.bench.report import console_text, report_json, serving_markdown
 from deltabus.bench.serving_opensearch import OpenSearchReader
 from deltabus.errors import ConfigError
 from deltabus.lake import Lake
@@ -137,6 +137,27 @@ def test_serving_report_names_the_backend() -> None:
     report = report_json("100ms", "m", "c", [run])
     assert report["highest_keeping_up_rate"]["opensearch serving"] == 2000
     assert "postgres serving" not in report["highest_keeping_up_rate"]
+
+
+def test_the_console_is_rendered_from_the_runs_not_from_report_md() -> None:
+    run = _run("postgres", {"backend": "postgres"})
+    run["serving"]["replay"] = {
+        "rows": 80_000,
+        "elapsed_s": 2.0,
+        "rows_per_s": 40_000,
+        "sink_cpu_s": 1.5,
+        "server_cpu_s": 1.0,
+    }
+    run |= {"p50": 0.2, "p99": 0.4, "etl": "pathway"}
+    run["cost"] = {"cpu_cores_total": 0.5, "cpu_s_per_million_msgs_total": 40.0}
+    text = console_text("100ms", "2 cores (CPU)", "deltabus bench", [run])
+    lines = text.splitlines()
+    assert lines[0] == "# deltabus latency benchmark" and "- machine: 2 cores (CPU)" in lines
+    assert any(line.startswith("| 2,000 | 0.20 / 0.40") for line in lines), text
+    assert "## Cost per message" in text and "| delta | 2,000 | 0.5 | 40.0" in text
+    assert "unified commit→PostgreSQL" in text
+    assert "| 2,000 | 80,000 | 2.0 | 40,000 | 1.5 / 1.0 |" in text  # the sink alone
+    assert "## All percentiles" not in text  # report.md only
 
 
 class FakeIndex:

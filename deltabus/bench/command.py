@@ -366,13 +366,10 @@ def bench(
     elif config.windowed:
         _print_soak(out, report)
     else:
-        text = (out / "report.md").read_text()
-        print(text.split("\n## All percentiles")[0].rstrip())
-        if "\n## Cost per message" in text:  # the cost table beside the latency table
-            cost = text.split("\n## Cost per message")[1].split("\n## ")[0]
-            print("\n## Cost per message" + cost.rstrip())
-        if "\nServing stage" in text:  # --serve postgres|opensearch
-            print("\nServing stage" + text.split("\nServing stage")[1].split("\n## ")[0].rstrip())
+        from deltabus.bench.report import console_text
+
+        runs, machine = report["runs"], report["machine"]
+        print(console_text(config.profile, machine, config.command, runs, config.store))
         print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")
     if errors:
         for e in errors:

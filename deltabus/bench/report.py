@@ -287,16 +287,25 @@ def serving_markdown(runs: list[dict]) -> list[str]:
     return lines
 
 
-def report_markdown(
-    profile: str,
-    machine: str,
-    command: str,
-    runs: list[dict],
-    details: list[dict],
-    plots: dict[str, str],
-    notes: list[str],
-    store: str = "loopback",
+def console_text(
+    profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
 ) -> str:
+    """What `deltabus bench` prints: report.md's summary, its cost table and, with
+    --serve, its serving stage, rendered from the runs (report.json's `runs` will do)."""
+    return "\n".join(
+        [
+            *summary_lines(profile, machine, command, runs, store),
+            "",
+            *cost_markdown(runs),
+            *serving_markdown(runs),
+        ]
+    ).rstrip()
+
+
+def summary_lines(
+    profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
+) -> list[str]:
+    """report.md's title, what was run, and the end-to-end latency beside the anchors."""
     backbones = sorted({r["backbone"] for r in runs}, key=lambda b: (b != "delta", b))
     rates = sorted({r["rate"] for r in runs})
     pk = profile_key(profile)
@@ -335,6 +344,20 @@ def report_markdown(
             a = ANCHORS.get(key, {}).get(rate)
             row.append(_pair(a[0], a[1], a[2]) if a else "—")
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def report_markdown(
+    profile: str,
+    machine: str,
+    command: str,
+    runs: list[dict],
+    details: list[dict],
+    plots: dict[str, str],
+    notes: list[str],
+    store: str = "loopback",
+) -> str:
+    lines = summary_lines(profile, machine, command, runs, store)
     lines += [
         "",
         "## All percentiles",
