@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -21,17 +20,7 @@ from deltabus.fast_append import TableAppender
 from deltabus.lake import Lake
 from deltabus.maintenance import maintain_table
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
-
-
-def _rows(n: int, start: int) -> pa.Table:
-    return pa.table(
-        {
-            "timestamp": pa.array([float(start + i) for i in range(n)], pa.float64()),
-            "message": pa.array([f"m{start + i}" for i in range(n)], pa.string()),
-            "time": pa.array([start + i for i in range(n)], pa.int64()),
-            "diff": pa.array([1] * n, pa.int64()),
-        }
-    )
+from tests.helpers import unified_rows
 
 
 def _messages(lake: Lake, table: str) -> list[str]:
@@ -43,7 +32,7 @@ def _fill(lake: Lake, table: str, commits: int, per_commit: int = 10) -> TableAp
     ensure_table(lake, table, UNIFIED_SCHEMA)
     appender = TableAppender(lake, table, lake.open(table))
     for seq in range(commits):
-        rows = _rows(per_commit, seq * per_commit)
+        rows = unified_rows(seq * per_commit, per_commit)
         assert appender.append_once(rows, app_id="w", seq=seq, custom_metadata={}, what="append")
     return appender
 
@@ -58,7 +47,7 @@ def test_compaction_commits_while_a_writer_commits_every_few_ms(minio_lake: Lake
         seq = 120
         while not stop.is_set():
             appender.append_once(
-                _rows(10, seq * 10), app_id="w", seq=seq, custom_metadata={}, what="append"
+                unified_rows(seq * 10, 10), app_id="w", seq=seq, custom_metadata={}, what="append"
             )
             seq += 1
             written[0] = seq

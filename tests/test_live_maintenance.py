@@ -13,7 +13,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus.etl.fence import EPOCH_APP_ID, claim
@@ -22,6 +21,7 @@ from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer
 from deltabus.tables import UNIFIED_SCHEMA, ensure_table
 from tests.conftest import lake_env, minio_settings_for, run_cli
+from tests.helpers import unified_rows
 
 SHORT_RETENTION = {"delta.logRetentionDuration": "interval 1 seconds"}
 
@@ -30,17 +30,6 @@ def _log_names(lake: Lake, table: str) -> list[str]:
     prefix = f"{lake.settings.prefix}/{table}/_delta_log/"
     listing = lake.s3_client().list_objects_v2(Bucket=lake.settings.bucket, Prefix=prefix)
     return sorted(obj["Key"][len(prefix) :] for obj in listing.get("Contents", []))
-
-
-def _rows(n: int, start: int) -> pa.Table:
-    return pa.table(
-        {
-            "timestamp": pa.array([float(start + i) for i in range(n)], pa.float64()),
-            "message": pa.array([f"m{start + i}" for i in range(n)], pa.string()),
-            "time": pa.array([start + i for i in range(n)], pa.int64()),
-            "diff": pa.array([1] * n, pa.int64()),
-        }
-    )
 
 
 def _maintain_elsewhere(lake: Lake, table: str) -> None:
@@ -63,7 +52,7 @@ def test_appender_keeps_committing_after_another_process_cleans_the_log(
     assert appender.fast
     for seq in range(5):
         assert appender.append_once(
-            _rows(10, seq * 10), app_id="writer", seq=seq, custom_metadata={}, what="append"
+            unified_rows(seq * 10, 10), app_id="writer", seq=seq, custom_metadata={}, what="append"
         )
 
     _maintain_elsewhere(minio_lake, table)
@@ -75,7 +64,7 @@ def test_appender_keeps_committing_after_another_process_cleans_the_log(
     # commit, checks its position and its epoch, and lands on top.
     for seq in range(5, 8):
         assert appender.append_once(
-            _rows(10, seq * 10),
+            unified_rows(seq * 10, 10),
             app_id="writer",
             seq=seq,
             custom_metadata={},
