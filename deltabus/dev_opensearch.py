@@ -8,7 +8,6 @@ URL's port, or only checks that the configured node answers.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,17 +15,17 @@ from deltabus.devserver import LOCAL_HOSTS
 from deltabus.errors import ConfigError
 from deltabus.local_opensearch import PORT_FILE, OpenSearchNode, http_json, stop_pid
 from deltabus.serving import opensearch_connection as osc
-from deltabus.settings import ENV_FILE_VAR, load_settings
+from deltabus.settings import append_env_file, load_settings
 
 
 def _write_url(env_file: Path | None, url: str) -> Path:
-    path = Path(env_file or os.environ.get(ENV_FILE_VAR) or ".env")
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(
-            "# written by `deltabus opensearch up`: the local development OpenSearch\n"
-            f"{osc.URL_VAR}={url}\n"
-        )
-    return path
+    return append_env_file(
+        env_file,
+        [
+            "# written by `deltabus opensearch up`: the local development OpenSearch",
+            f"{osc.URL_VAR}={url}",
+        ],
+    )
 
 
 def _answers(url: str) -> bool:

@@ -18,22 +18,19 @@ from deltabus.errors import ConfigError
 from deltabus.local_minio import free_port, port_taken
 from deltabus.local_postgres import PostgresServer
 from deltabus.serving import pg
-from deltabus.settings import ENV_FILE_VAR, load_settings
+from deltabus.settings import append_env_file, load_settings
 
 DEFAULT_PORT = 55432
 
 
 def _write_dsn(env_file: Path | None, dsn: str) -> Path:
-    path = Path(env_file or os.environ.get(ENV_FILE_VAR) or ".env")
-    existed = path.exists()
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(
-            "# written by `deltabus postgres up`: the local development PostgreSQL\n"
-            f"DELTABUS_POSTGRES_DSN={dsn}\n"
-        )
-    if not existed or path.stat().st_mode & 0o077:
-        path.chmod(0o600)
-    return path
+    return append_env_file(
+        env_file,
+        [
+            "# written by `deltabus postgres up`: the local development PostgreSQL",
+            f"DELTABUS_POSTGRES_DSN={dsn}",
+        ],
+    )
 
 
 def postgres_up(env_file: Path | None, data_dir: Path) -> str:

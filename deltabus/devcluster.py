@@ -11,7 +11,7 @@ import signal
 import time
 from pathlib import Path
 
-from deltabus.devserver import LOCAL_LAKE, _alive, local_minio_settings
+from deltabus.devserver import LOCAL_LAKE, local_minio_settings, minio_alive
 from deltabus.devserver import minio_down as single_down
 from deltabus.errors import ConfigError
 from deltabus.lake import Lake
@@ -68,7 +68,7 @@ def cluster_up(env_file: Path | None, data_dir: Path, nodes: int) -> str:
     ports = [port + i for i in range(nodes)]
     if any(_running(pid) for pid in _pids(data_dir)):
         notes.append(f"distributed MinIO already running at {settings.minio_endpoint}")
-    elif _alive(settings.minio_endpoint):
+    elif minio_alive(settings.minio_endpoint):
         raise ConfigError(
             f"a MinIO already answers at {settings.minio_endpoint}",
             "stop it with `deltabus minio down`, or point DELTABUS_MINIO_ENDPOINT elsewhere",

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 from deltabus.errors import ConfigError, StorageError
 from deltabus.lake import Lake
 from deltabus.local_minio import MinioServer, build_minio
-from deltabus.settings import Settings, load_settings
+from deltabus.settings import Settings, append_env_file, load_settings
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 RELAY_PORT = 9100
@@ -24,7 +24,7 @@ def _ensure_secret(env_file: Path | None) -> Path | None:
     settings = load_settings(env_file)
     if settings.secret_key is not None:
         return None
-    path = _append_env(
+    return append_env_file(
         env_file,
         [
             "# written by `deltabus minio up`: credentials of the local development MinIO",
@@ -32,19 +32,10 @@ def _ensure_secret(env_file: Path | None) -> Path | None:
             f"DELTABUS_SECRET_KEY={secrets.token_urlsafe(24)}",
         ],
     )
-    path.chmod(0o600)
-    return path
 
 
-def _append_env(env_file: Path | None, lines: list[str]) -> Path:
-    """Append `lines` to the .env file settings are read from; returns its path."""
-    path = Path(env_file or os.environ.get("DELTABUS_ENV_FILE") or ".env")
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
-    return path
-
-
-def _alive(endpoint: str) -> bool:
+def minio_alive(endpoint: str) -> bool:
+    """True when a MinIO answers its liveness probe at `endpoint` within a second."""
     try:
         with urllib.request.urlopen(f"{endpoint}/minio/health/live", timeout=1):
             return True
@@ -87,7 +78,7 @@ def minio_up(
     settings, port, notes = local
     data_dir.mkdir(parents=True, exist_ok=True)
     relay_url = _relay_up(data_dir, relay_port, notes) if notify else None
-    if _alive(settings.minio_endpoint):
+    if minio_alive(settings.minio_endpoint):
         notes.append(f"MinIO already running at {settings.minio_endpoint}")
     else:
         server = MinioServer(
@@ -145,7 +136,7 @@ def _point_tails_at(env_file: Path | None, settings: Settings, events_url: str) 
             f"DELTABUS_NOTIFY_URL is already {settings.notify_url}; left as it is "
             f"(this relay streams at {events_url})"
         ]
-    path = _append_env(
+    path = append_env_file(
         env_file,
         [
             "# written by `deltabus minio up --notify`: tails wait on the relay's commit events",

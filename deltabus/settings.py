@@ -190,6 +190,23 @@ class Settings(BaseSettings):
         return f"s3://{self.bucket}/{self.prefix} on {self.minio_endpoint}"
 
 
+def append_env_file(env_file: str | os.PathLike[str] | None, lines: list[str]) -> Path:
+    """Append `lines` to the `.env` file settings are read from, readable by its owner only.
+
+    Args:
+        env_file: the file; else `$DELTABUS_ENV_FILE`, else `./.env` (created if missing).
+        lines: the lines to add (a comment saying what wrote them, then KEY=value lines).
+
+    Returns:
+        The file's path. Its mode is 600 afterwards, whatever it was: it holds secrets.
+    """
+    path = Path(env_file or os.environ.get(ENV_FILE_VAR) or ".env")
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: object) -> Settings:
     """Build settings from the environment, a `.env` file and explicit overrides.
 

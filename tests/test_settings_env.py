@@ -85,3 +85,17 @@ def test_notify_url_must_be_a_relay_over_http(monkeypatch: pytest.MonkeyPatch) -
         Settings()
     monkeypatch.setenv("DELTABUS_NOTIFY_URL", "")
     assert Settings().notify_url is None  # empty: MinIO's own listen API
+
+
+def test_env_file_writes_are_owner_only(tmp_path: Path) -> None:
+    from deltabus.settings import append_env_file
+
+    path = tmp_path / ".env"
+    path.write_text("DELTABUS_PREFIX=mine\n")
+    path.chmod(0o644)  # a file the user made: the secret about to be added must not be readable
+    assert append_env_file(path, ["# written by a test", "DELTABUS_SECRET_KEY=s"]) == path
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.read_text() == "DELTABUS_PREFIX=mine\n# written by a test\nDELTABUS_SECRET_KEY=s\n"
+    fresh = tmp_path / "new.env"
+    append_env_file(fresh, ["DELTABUS_POSTGRES_DSN=postgresql://u:p@127.0.0.1/db"])
+    assert fresh.stat().st_mode & 0o777 == 0o600
