@@ -54,21 +54,30 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DELTABUS_", extra="ignore", populate_by_name=True)
 
+    # Where the lake lives: `minio` (an S3 endpoint) or `local` (a directory).
     storage: Literal["minio", "local"] = "minio"
+    # Lake root directory when the storage is `local`.
     local_root: Path = Path("lake")
+    # MinIO or S3 endpoint, `http://` or `https://`.
     minio_endpoint: str = "http://127.0.0.1:9000"
+    # Access key of the store.
     access_key: str = Field(
         "deltabus",
         validation_alias=AliasChoices("DELTABUS_ACCESS_KEY", "MINIO_S3_ACCESS_KEY", "access_key"),
     )
+    # Secret key of the store; never printed or logged.
     secret_key: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices(
             "DELTABUS_SECRET_KEY", "MINIO_S3_SECRET_ACCESS_KEY", "secret_key"
         ),
     )
+    # Bucket of the lake: 3-63 lowercase letters, digits, `.` and `-`.
     bucket: str = "deltabus"
+    # Region of the store.
     region: str = "us-east-1"
+    # Prefix of the lake root, `s3://<bucket>/<prefix>/<table>`: `/`-separated names of
+    # letters, digits and `._=-` (no leading `/`, no `..`, no empty parts).
     prefix: str = "lake"
     # Seconds of Delta log kept behind the last checkpoint in tables deltabus creates;
     # None keeps Delta's default (30 days). Tailing readers must never lag more than this.

@@ -7,8 +7,8 @@ Generated parts, each between `<!-- BEGIN generated: NAME -->` and `<!-- END gen
 
 - `settings` in docs/guide/configuration.md: one row per field of `deltabus.settings.Settings`
   (variable, type, default, description). A description is the field's `description`, else
-  the comment block right above the field in deltabus/settings.py, else an entry of
-  `DESCRIPTIONS` below. A secret's default is never printed.
+  the comment block right above the field in deltabus/settings.py. A secret's default is
+  never printed.
 - `cli` in docs/reference/cli.md: `deltabus --help` and the `--help` of every subcommand,
   run with COLUMNS=100 and NO_COLOR=1.
 
@@ -39,21 +39,6 @@ CONFIG_DOC = Path("docs/guide/configuration.md")
 CLI_DOC = Path("docs/reference/cli.md")
 END = "<!-- END generated -->"
 HELP_ENV = {"COLUMNS": "100", "NO_COLOR": "1", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-
-# Descriptions of the Settings fields that carry neither a `description` nor a comment.
-DESCRIPTIONS = {
-    "storage": "Where the lake lives: `minio` (an S3 endpoint) or `local` (a directory).",
-    "local_root": "Lake root directory when the storage is `local`.",
-    "minio_endpoint": "MinIO or S3 endpoint, `http://` or `https://`.",
-    "access_key": "Access key of the store.",
-    "secret_key": "Secret key of the store; never printed or logged.",
-    "bucket": "Bucket of the lake: 3-63 lowercase letters, digits, `.` and `-`.",
-    "region": "Region of the store.",
-    "prefix": (
-        "Prefix of the lake root, `s3://<bucket>/<prefix>/<table>`: `/`-separated names of "
-        "letters, digits and `._=-` (no leading `/`, no `..`, no empty parts)."
-    ),
-}
 
 
 def _importable() -> None:
@@ -171,7 +156,7 @@ def settings_table(settings_cls: type | None = None, source: str | None = None) 
     missing = []
     for name, field in settings_cls.model_fields.items():
         secret = SecretStr in (field.annotation, *typing.get_args(field.annotation))
-        text = field.description or comments.get(name) or DESCRIPTIONS.get(name)
+        text = field.description or comments.get(name)
         if not text:
             missing.append(name)
             continue
