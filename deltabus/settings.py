@@ -63,14 +63,12 @@ class Settings(BaseSettings):
     # Access key of the store.
     access_key: str = Field(
         "deltabus",
-        validation_alias=AliasChoices("DELTABUS_ACCESS_KEY", "MINIO_S3_ACCESS_KEY", "access_key"),
+        validation_alias=AliasChoices("DELTABUS_ACCESS_KEY", "MINIO_S3_ACCESS_KEY"),
     )
     # Secret key of the store; never printed or logged.
     secret_key: SecretStr | None = Field(
         None,
-        validation_alias=AliasChoices(
-            "DELTABUS_SECRET_KEY", "MINIO_S3_SECRET_ACCESS_KEY", "secret_key"
-        ),
+        validation_alias=AliasChoices("DELTABUS_SECRET_KEY", "MINIO_S3_SECRET_ACCESS_KEY"),
     )
     # Bucket of the lake: 3-63 lowercase letters, digits, `.` and `-`.
     bucket: str = "deltabus"

@@ -99,3 +99,15 @@ def test_env_file_writes_are_owner_only(tmp_path: Path) -> None:
     fresh = tmp_path / "new.env"
     append_env_file(fresh, ["DELTABUS_POSTGRES_DSN=postgresql://u:p@127.0.0.1/db"])
     assert fresh.stat().st_mode & 0o777 == 0o600
+
+
+def test_bare_key_variables_of_other_software_are_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_lake_env(monkeypatch)
+    monkeypatch.setenv("SECRET_KEY", "a-web-framework-secret")  # e.g. Django's
+    monkeypatch.setenv("ACCESS_KEY", "someone-elses")
+    settings = load_settings()
+    assert settings.secret_key is None and settings.access_key == "deltabus"
+    named = Settings(access_key="mine", secret_key=SecretStr("s"))  # by field name still
+    assert named.access_key == "mine" and named.secret_key.get_secret_value() == "s"
+    monkeypatch.setenv("DELTABUS_SECRET_KEY", "lake-secret")
+    assert load_settings().secret_key.get_secret_value() == "lake-secret"
