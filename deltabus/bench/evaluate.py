@@ -35,6 +35,18 @@ log = logging.getLogger("deltabus.bench")
 
 
 @dataclass
+class Drain:
+    """A backlog drain as it happens: how the ETL went down and when, and once it is back,
+    when it resumed (epoch ms) and how long its restart took to be ready (SIGTERM only)."""
+
+    signal: str  # "term" or "stop" (--drain-signal)
+    down_ms: float
+    resuming: bool = False
+    resumed_ms: float | None = None
+    restart_ready_s: float | None = None
+
+
+@dataclass
 class RunState:
     """What a run observed, handed from the driving loop to the analysis."""
 
@@ -45,7 +57,7 @@ class RunState:
     producer_reports: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    drain: dict | None = None
+    drain: Drain | None = None
     maintenance: list[dict] = field(default_factory=list)
     cpu: dict = field(default_factory=dict)
     etl_reports: list[dict] = field(default_factory=list)
@@ -175,16 +187,16 @@ def evaluate_run(
         "over_time": result["over_time"],
         "stages_over_time": result["stages_over_time"],
     }
-    if state.drain and "resumed_ms" in state.drain:
+    if state.drain is not None and state.drain.resumed_ms is not None:
         d = state.drain
         detail["drain"] = {
-            "signal": d["signal"],
-            "restart_ready_s": d.get("restart_ready_s"),
-            "down_at_s": round((d["down_ms"] - state.start_ms) / 1000, 2),
+            "signal": d.signal,
+            "restart_ready_s": d.restart_ready_s,
+            "down_at_s": round((d.down_ms - state.start_ms) / 1000, 2),
             **recovery(
                 con,
-                down_ms=d["down_ms"],
-                resumed_ms=d["resumed_ms"],
+                down_ms=d.down_ms,
+                resumed_ms=d.resumed_ms,
                 warmup_end_ms=state.start_ms + cfg.warmup * 1000,
                 threshold_s=cfg.recovery_threshold,
             ),

@@ -39,7 +39,7 @@ from deltabus.bench.consumer import (
 )
 from deltabus.bench.cost import RequestMeter
 from deltabus.bench.environment import CpuMeter, machine_description
-from deltabus.bench.evaluate import RunState, evaluate_run
+from deltabus.bench.evaluate import Drain, RunState, evaluate_run
 from deltabus.bench.progress import ProgressDisplay
 from deltabus.bench.report import write_json, write_reports
 from deltabus.bench.workload import ProducerHandle, ProducerSpec
@@ -465,7 +465,7 @@ class Bench:
         d = state.drain
         if d is None and elapsed >= cfg.drain_at:
             etl = etls[0]
-            state.drain = d = {"signal": cfg.drain_signal, "down_ms": time.time() * 1000}
+            state.drain = d = Drain(signal=cfg.drain_signal, down_ms=time.time() * 1000)
             log.info("backlog drain: ETL down (%s) for %g s", cfg.drain_signal, cfg.backlog_drain)
             if cfg.drain_signal == "stop":
                 etl.signal(signal.SIGSTOP)
@@ -473,10 +473,10 @@ class Bench:
                 cpu.sample("etl")
                 etl.stop()
             return
-        if d is not None and "resumed_ms" not in d and "resuming" not in d:
-            if time.time() * 1000 - d["down_ms"] < cfg.backlog_drain * 1000:
+        if d is not None and d.resumed_ms is None and not d.resuming:
+            if time.time() * 1000 - d.down_ms < cfg.backlog_drain * 1000:
                 return
-            d["resuming"] = True
+            d.resuming = True
             if cfg.drain_signal == "stop":
                 etls[0].signal(signal.SIGCONT)
             else:
@@ -485,8 +485,8 @@ class Bench:
                 etls.append(etl)
                 cpu.watch("etl (restarted)", etl.pid)
                 etl.wait_file(ready)
-                d["restart_ready_s"] = round(time.monotonic() - restart_at, 2)
-            d["resumed_ms"] = time.time() * 1000
+                d.restart_ready_s = round(time.monotonic() - restart_at, 2)
+            d.resumed_ms = time.time() * 1000
             log.info("backlog drain: ETL resumed")
 
     # -- Kafka ----------------------------------------------------------------------------
@@ -769,10 +769,10 @@ def _json_lines(path: Path) -> list[dict]:
     return out
 
 
-def _running_etls(etls: list[ChildProcess], drain: dict | None) -> list[ChildProcess]:
+def _running_etls(etls: list[ChildProcess], drain: Drain | None) -> list[ChildProcess]:
     """The ETL processes that should be running now. A backlog drain takes process 0
     (`etls[0]`) down: stopped with SIGSTOP it stays alive; with SIGTERM it is gone until
     its restart is appended to `etls`."""
-    if drain is None or drain["signal"] == "stop":
+    if drain is None or drain.signal == "stop":
         return etls
     return etls[1:]
