@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deltabus.bench.report import ANCHORS, profile_key
+from deltabus.bench.anchors import ANCHORS, profile_key
 
 
 def _plt():

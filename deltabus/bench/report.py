@@ -6,24 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from deltabus.bench.anchors import ANCHORS, profile_key
 from deltabus.bench.verdict import KEEPING_UP
-
-# docs/design/architecture.md, "Anchors": Pathway's published Delta-on-MinIO benchmark
-# (its own Delta connector, single-threaded, 5-minute runs, 30 s warm-up).
-# (p50 s, p99 s, fell behind)
-ANCHORS: dict[str, dict[int, tuple[float, float, bool]]] = {
-    "1000ms": {
-        10_000: (0.94, 1.94, False),
-        70_000: (1.45, 2.05, False),
-        150_000: (1.68, 3.09, False),
-        250_000: (1.98, 4.58, True),
-    },
-    "100ms": {
-        10_000: (0.26, 0.67, False),
-        30_000: (0.28, 0.64, False),
-        70_000: (1.24, 41.32, True),
-    },
-}
 
 RUN_KEYS = (
     "rate",
@@ -46,17 +30,6 @@ RUN_KEYS = (
     "stages",
     "cost",
 )
-
-
-def profile_key(profile: str) -> str:
-    """'100ms' -> '100ms', '1s' -> '1000ms' (the anchors' keys)."""
-    from deltabus.bench.config import parse_profile
-
-    return f"{int(round(parse_profile(profile) * 1000))}ms"
-
-
-def anchor(profile: str, rate: int) -> tuple[float, float, bool] | None:
-    return ANCHORS.get(profile_key(profile), {}).get(rate)
 
 
 # Steal or I/O wait in the worst second above this (% of all cores) gets a report note.
