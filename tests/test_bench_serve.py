@@ -166,13 +166,15 @@ class FakeIndex:
 
     def __init__(self, docs: list[tuple[int, str]], position: int) -> None:
         self.docs, self.position = docs, position
+        self.searches = 0
 
     def get(self, index: str, id: str) -> dict:
         return {"found": True, "_source": {"version": self.position}}
 
     def search(self, index: str, body: dict) -> dict:
-        above = body["query"]["range"]["version"]["gt"]
-        hits = sorted((v, m) for v, m in self.docs if v > above)
+        self.searches += 1
+        bounds = body["query"]["range"]["version"]
+        hits = sorted((v, m) for v, m in self.docs if bounds["gt"] < v <= bounds["lte"])
         if "search_after" in body:
             hits = [h for h in hits if list(h) > body["search_after"]]
         return {"hits": {"hits": [{"sort": list(h)} for h in hits[: body["size"]]]}}
@@ -187,12 +189,11 @@ def test_opensearch_reader_counts_each_message_once(monkeypatch: pytest.MonkeyPa
     # Versions 1-2 are acknowledged (position 2); version 3 is searchable already.
     index = FakeIndex([(1, "a"), (1, "b"), (2, "c"), (3, "d"), (3, "e")], position=2)
     reader.client = index
-    found, counted = reader.poll()
-    assert found == ["a", "b", "c", "d", "e"] and counted == 3
+    assert reader.poll() == (["a", "b", "c"], 3)  # up to the position only
     index.docs.append((3, "f"))  # the rest of version 3, then its position
+    assert reader.poll() == ([], 0) and index.searches == 2  # two pages, then no search
     index.position = 3
-    found, counted = reader.poll()
-    assert found == ["d", "e", "f"] and counted == 3
+    assert reader.poll() == (["d", "e", "f"], 3)
     assert reader.poll() == ([], 0)
 
 
