@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from deltabus.bench.verdict import BEHIND, KEEPING_UP, OVER_BOUND, classify, p99_bound_s
+from deltabus.bench.verdict import (
+    BEHIND,
+    KEEPING_UP,
+    OVER_BOUND,
+    classify,
+    p99_bound_s,
+    with_unseen,
+)
 
 WARMUP = 5.0
 
@@ -26,6 +33,18 @@ def test_flat_but_seconds_behind_is_behind():
     result = classify(points, WARMUP, p99_of(points), None)
     assert result["verdict"] == BEHIND
     assert not result["grows"] and result["backlog_at_end_s"] == 7.0
+
+
+def test_messages_never_seen_make_a_run_behind():
+    """A run whose ETL never delivered (nothing seen: no latency series at all) or
+    delivered part of the messages did not keep up, whatever the seen ones' latencies."""
+    empty = classify([], WARMUP, None, 0.1)
+    assert empty["verdict"] == KEEPING_UP  # the series alone cannot tell
+    assert with_unseen(empty, 300_000)["verdict"] == BEHIND
+    assert with_unseen(empty, 300_000)["unseen_after_warmup"] == 300_000
+    low = classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1)
+    assert with_unseen(low, 0) == low
+    assert with_unseen(low, 5)["verdict"] == BEHIND
 
 
 def test_growing_lag_is_behind():

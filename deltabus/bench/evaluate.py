@@ -27,7 +27,7 @@ from deltabus.bench.analysis import (
 )
 from deltabus.bench.config import BenchConfig
 from deltabus.bench.cost import cost_summary
-from deltabus.bench.verdict import BEHIND, KEEPING_UP, classify
+from deltabus.bench.verdict import BEHIND, KEEPING_UP, classify, with_unseen
 from deltabus.bench.workload import ProducerSpec
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 
@@ -138,6 +138,7 @@ def evaluate_run(
         pct["p99"],
         cfg.commit_interval if state.backbone == "delta" else None,
     )
+    verdict = with_unseen(verdict, int(lost_after.height))
     summary = {
         "rate": state.rate,
         "backbone": state.backbone,

@@ -75,6 +75,19 @@ def backlog_at_end_s(series: list[dict[str, Any]], warmup_s: float) -> float | N
     return round(median(tail), 4)
 
 
+def with_unseen(verdict: dict[str, Any], unseen: int) -> dict[str, Any]:
+    """`verdict` once `unseen` messages after the warm-up were never seen within the grace
+    period: a run that did not deliver every message did not keep up (behind), whatever
+    its seen messages' latencies say."""
+    if not unseen or verdict["verdict"] == BEHIND:
+        return verdict
+    return verdict | {
+        "verdict": BEHIND,
+        "unseen_after_warmup": unseen,
+        "rule": verdict["rule"] + "; behind too when a message was never seen within the grace",
+    }
+
+
 def classify(
     series: list[dict[str, Any]],
     warmup_s: float,
