@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from deltabus.bench.config import SERVE_SYSTEMS
+from deltabus.bench.verdict import with_unseen
 from deltabus.latency import PERCENTILES, over_time, percentile_sql
 from deltabus.processes import ChildProcess, deltabus_command
 
@@ -434,7 +435,7 @@ def serving_summary(
         f"SELECT count(*) FROM samples_arrow s ANTI JOIN served v USING (message) WHERE {where}"
     ).fetchone()[0]
     series = over_time(con, "serve_samples", interval_s)
-    verdict = classify(series, e2e["p99"])
+    verdict = with_unseen(classify(series, e2e["p99"]), int(not_served))
     return {
         "backend": backend,
         "samples": int(stage["samples"]),
