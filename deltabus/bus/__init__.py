@@ -1,0 +1,1 @@
+"""The bus: named streams of Delta tables, their producers, consumers and groups."""

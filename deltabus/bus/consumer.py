@@ -1,0 +1,271 @@
+"""The stream consumer: a group member reading the partitions its leases hold.
+
+Each batch is one commit of one partition table: the stream's columns, `diff` (+1 a
+record, -1 a record another writer's delete or update retracted), and where it came
+from. The group's position per partition is the next version to read; `commit()`
+stores what was returned so far, and with auto-commit each `poll` first commits what
+the previous polls returned (at least once: a member that dies after a batch but before
+its commit leaves that batch to the member that takes the partition).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease, assignment
+from deltabus.bus.streams import Stream
+from deltabus.errors import ConfigError
+from deltabus.lake import Lake
+from deltabus.retry import retry_storage
+from deltabus.tail import DeltaLogTail
+
+log = logging.getLogger(__name__)
+
+STARTS = ("beginning", "end")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The rows one commit of one partition changed."""
+
+    stream: str
+    partition: int
+    version: int
+    commit_ms: int
+    rows: pa.Table  # the stream's columns and `diff` (int64: +1 or -1)
+
+
+@dataclass
+class _Held:
+    """A partition this member holds: its lease, tail and the next version to read."""
+
+    stream: Stream
+    partition: int
+    lease: Lease
+    tail: DeltaLogTail
+    next_version: int  # to read next: returned batches end before it
+
+
+class Consumer:
+    """Reads streams as a member of consumer group `group`.
+
+    Args:
+        lake: the lake.
+        streams: the declared streams to read.
+        group: the group's name; groups read independently, members of one share.
+        start: where a group that never read a partition starts: "beginning" or "end".
+        auto_commit: commit what earlier polls returned at each poll.
+        ttl_s: the lease time: a member silent this long loses its partitions.
+
+    Iterate it for batches, or call `poll()`; `close()` (or the context manager) commits
+    and leaves the group, whose other members then take its partitions at once.
+    """
+
+    def __init__(
+        self,
+        lake: Lake,
+        streams: list[Stream],
+        group: str,
+        *,
+        start: str = "beginning",
+        auto_commit: bool = True,
+        ttl_s: float = DEFAULT_TTL_S,
+        member: str | None = None,
+    ) -> None:
+        if start not in STARTS:
+            raise ConfigError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+        if not streams:
+            raise ConfigError("a consumer reads at least one stream")
+        self.lake = lake
+        self.streams = {s.name: s for s in streams}
+        self.group = Group(lake, group, ttl_s, member)
+        self.start = start
+        self.auto_commit = auto_commit
+        self.ttl_s = ttl_s
+        self.tables = {s.table(p): (s, p) for s in streams for p in range(s.partitions)}
+        self.held: dict[str, _Held] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._next = 0  # round robin over held partitions
+        self._closed = False
+        self.group.heartbeat()
+        self.rebalance()
+        self._thread = threading.Thread(target=self._keep_alive, name="group", daemon=True)
+        self._thread.start()
+
+    @property
+    def member(self) -> str:
+        return self.group.member
+
+    # -- membership -------------------------------------------------------------------------
+
+    def _keep_alive(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                self.group.heartbeat()
+                self.rebalance()
+            except Exception as exc:  # noqa: BLE001 - an outage: leases may lapse, said
+                log.warning("group %s: heartbeat failed (%s)", self.group.name, exc)
+
+    def rebalance(self) -> None:
+        """Take the partitions dealt to this member, release the others, renew leases
+        that are half spent."""
+        wanted = set(assignment(list(self.tables), self.group.live_members(), self.member))
+        with self._lock:
+            for table in sorted(set(self.held) - wanted):
+                self._release(table)
+            for table in sorted(wanted - set(self.held)):
+                self._take(table)
+            for table, held in list(self.held.items()):
+                if held.lease.expires_ms - time.time() * 1000 < self.ttl_s * 500:
+                    self._write(table, held.lease.position)
+
+    def _take(self, table: str) -> None:
+        stream, partition = self.tables[table]
+        begin = 0 if self.start == "beginning" else self._latest(table) + 1
+        lease = self.group.take(table, begin)
+        if lease is None:
+            return
+        tail = DeltaLogTail(self.lake, table, columns=stream.schema.names)
+        retry_storage(lambda: tail.start(lease.position), what=f"read {table}'s state")
+        self.held[table] = _Held(stream, partition, lease, tail, lease.position)
+        log.info(
+            "group %s: %s took %s at version %d",
+            self.group.name,
+            self.member,
+            table,
+            lease.position,
+        )
+
+    def _release(self, table: str) -> None:
+        held = self.held.pop(table)
+        self.group.write(held.lease, table, None, held.lease.position)
+        log.info("group %s: %s released %s", self.group.name, self.member, table)
+
+    def _write(self, table: str, position: int) -> bool:
+        """Write the partition's next revision (renewal or commit); False, and the
+        partition dropped, when the lease was lost."""
+        held = self.held[table]
+        lease = self.group.write(held.lease, table, self.member, position)
+        if lease is None:
+            log.warning("group %s: %s lost its lease on %s", self.group.name, self.member, table)
+            del self.held[table]
+            return False
+        held.lease = lease
+        return True
+
+    def _latest(self, table: str) -> int:
+        dt = retry_storage(lambda: self.lake.open(table), what=f"open {table}")
+        return int(dt.version())
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float = 1.0) -> Batch | None:
+        """The next batch of any held partition, waiting up to `timeout_s` for one."""
+        deadline = time.monotonic() + timeout_s
+        if self.auto_commit:
+            self.commit()
+        while True:
+            batch = self._read_one()
+            if batch is not None or time.monotonic() >= deadline:
+                return batch
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _read_one(self) -> Batch | None:
+        with self._lock:
+            tables = sorted(self.held)
+            for i in range(len(tables)):
+                table = tables[(self._next + i) % len(tables)]
+                batch = self._read(table)
+                if batch is not None:
+                    self._next = (self._next + i + 1) % max(len(tables), 1)
+                    return batch
+        return None
+
+    def _read(self, table: str) -> Batch | None:
+        held = self.held[table]
+        while True:
+            version = held.next_version
+            commit = retry_storage(lambda v=version: held.tail.commit(v), what=f"poll {table}")
+            if commit is None:
+                return None
+            rows = retry_storage(lambda c=commit: held.tail.rows(c), what=f"read {table}")
+            held.next_version = version + 1
+            if rows is None:
+                continue  # a commit that changed no rows (compaction, metadata)
+            names = held.stream.schema.names
+            data = rows.select([n for n in names if n in rows.column_names])
+            data = data.append_column("diff", rows.column("_diff").cast(pa.int64()))
+            return Batch(held.stream.name, held.partition, version, commit.timestamp_ms, data)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while not self._closed:
+            batch = self.poll()
+            if batch is not None:
+                yield batch
+
+    # -- positions --------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Store, per held partition, that every batch returned so far was read."""
+        with self._lock:
+            for table, held in list(self.held.items()):
+                if held.next_version != held.lease.position:
+                    self._write(table, held.next_version)
+
+    def seek(self, where: str | int) -> None:
+        """Read every held partition again from "beginning", from "end" (only what lands
+        from now on) or from a version; stored at the next commit."""
+        with self._lock:
+            for table, held in self.held.items():
+                if where == "beginning":
+                    version = 0
+                elif where == "end":
+                    version = self._latest(table) + 1
+                elif isinstance(where, int) and where >= 0:
+                    version = where
+                else:
+                    raise ConfigError(f"seek to 'beginning', 'end' or a version, got {where!r}")
+                retry_storage(
+                    lambda h=held, v=version: h.tail.start(v), what=f"read {table}'s state"
+                )
+                held.next_version = version
+
+    def lag(self) -> dict[str, int]:
+        """Per held partition table: the versions landed that the group has not
+        committed."""
+        with self._lock:
+            return {
+                table: max(0, self._latest(table) + 1 - held.lease.position)
+                for table, held in self.held.items()
+            }
+
+    def assigned(self) -> list[str]:
+        with self._lock:
+            return sorted(self.held)
+
+    def close(self) -> None:
+        """Commit (with auto-commit), release every partition and leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            if self.auto_commit:
+                self.commit()
+            for table in list(self.held):
+                self._release(table)
+        self.group.leave()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

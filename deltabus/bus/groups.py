@@ -1,0 +1,198 @@
+"""Consumer groups: partitions shared among a group's members by leases in the lake.
+
+Under `_deltabus/groups/<group>/`:
+
+- `members/<member>.json`: a member's heartbeat, rewritten every `ttl / 3` seconds. A
+  member whose heartbeat is older than `ttl` (by the store's clock) is gone.
+- `partitions/<table>/`: a record log (deltabus.bus.record_log) per partition table:
+  `{"member", "position", "expires_ms"}`, the holder (None: free), the next version
+  the group reads, and when the holder's lease ends unless renewed.
+
+Every live member computes the same assignment (the group's partitions in order, dealt to
+the live members in order) and takes the partitions dealt to it when they are free or
+their lease has ended; it releases those dealt to another. A holder renews its lease,
+and commits a position, by writing the partition's next revision: if another member
+wrote that revision first, the lease was lost and the holder stops reading the
+partition. A member that dies loses its partitions within `ttl` plus one heartbeat, and
+the taker resumes after its last committed position. Clocks: lease ends are the
+members' wall clock, so members' clocks must agree to well within `ttl`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import obstore
+
+from deltabus.bus import record_log
+from deltabus.errors import ConfigError
+from deltabus.lake import Lake
+from deltabus.retry import retry_storage
+
+log = logging.getLogger(__name__)
+
+GROUPS_PREFIX = "_deltabus/groups"
+DEFAULT_TTL_S = 10.0
+GROUP_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+
+def check_group(name: str) -> str:
+    if not name or len(name) > 100 or not set(name) <= GROUP_CHARS:
+        raise ConfigError(
+            f"group {name!r} is not a usable group name",
+            "use 1-100 lower-case letters, digits, '_', '-' and '.'",
+        )
+    return name
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Lease:
+    """A partition as its log says: holder, next version to read, lease end."""
+
+    table: str
+    seq: int
+    member: str | None
+    position: int
+    expires_ms: int
+
+    def body(self) -> dict[str, Any]:
+        return {"member": self.member, "position": self.position, "expires_ms": self.expires_ms}
+
+    def free(self, at_ms: int) -> bool:
+        return self.member is None or self.expires_ms <= at_ms
+
+
+class Group:
+    """One member's view of a group: its heartbeat, and the leases it reads and writes."""
+
+    def __init__(
+        self, lake: Lake, group: str, ttl_s: float = DEFAULT_TTL_S, member: str | None = None
+    ) -> None:
+        self.lake = lake
+        self.store = lake.object_store
+        self.name = check_group(group)
+        self.ttl_ms = int(ttl_s * 1000)
+        self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.prefix = f"{GROUPS_PREFIX}/{self.name}"
+
+    # -- members ----------------------------------------------------------------------------
+
+    def _member_key(self, member: str) -> str:
+        return f"{self.prefix}/members/{member}.json"
+
+    def heartbeat(self) -> None:
+        """Say this member is alive (one PUT)."""
+        body = f'{{"member":"{self.member}","at_ms":{now_ms()}}}'.encode()
+        retry_storage(
+            lambda: obstore.put(self.store, self._member_key(self.member), body),
+            what=f"heartbeat of group {self.name}",
+        )
+
+    def leave(self) -> None:
+        """Remove this member's heartbeat, so the others rebalance at once."""
+        try:
+            obstore.delete(self.store, self._member_key(self.member))
+        except Exception:  # noqa: BLE001 - an old heartbeat ages out by itself
+            pass
+
+    def live_members(self) -> list[str]:
+        """Members whose heartbeat is younger than the lease time, by the store's clock
+        (one LIST), sorted."""
+        horizon = time.time() - self.ttl_ms / 1000
+
+        def listed() -> list[str]:
+            live = []
+            for chunk in obstore.list(self.store, prefix=f"{self.prefix}/members/"):
+                for meta in chunk:
+                    name = str(meta["path"]).rsplit("/", 1)[-1].removesuffix(".json")
+                    if meta["last_modified"].timestamp() > horizon:
+                        live.append(name)
+            return sorted(live)
+
+        return retry_storage(listed, what=f"list the members of group {self.name}")
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def _log(self, table: str) -> str:
+        return f"{self.prefix}/partitions/{table}"
+
+    def lease(self, table: str) -> Lease | None:
+        """The partition's current revision (None: the group never read it)."""
+        found = record_log.latest(self.store, self._log(table))
+        if found is None:
+            return None
+        return self._lease(table, found)
+
+    def refresh(self, lease: Lease) -> Lease:
+        """The newest revision after `lease` (GETs of the next numbers, no LIST)."""
+        known = record_log.Revision(lease.seq, lease.body())
+        return self._lease(
+            lease.table, record_log.newest_from(self.store, self._log(lease.table), known)
+        )
+
+    @staticmethod
+    def _lease(table: str, found: record_log.Revision) -> Lease:
+        body = found.body
+        return Lease(
+            table, found.seq, body.get("member"), int(body["position"]), int(body["expires_ms"])
+        )
+
+    def write(
+        self, current: Lease | None, table: str, member: str | None, position: int
+    ) -> Lease | None:
+        """Write the revision after `current` (None: the first); the new lease, or None
+        when another member wrote that revision first."""
+        seq = 0 if current is None else current.seq + 1
+        new = Lease(table, seq, member, position, now_ms() + self.ttl_ms if member else 0)
+        if not record_log.claim(self.store, self._log(table), seq, new.body()):
+            return None
+        if seq >= 2 and seq % 16 == 0:  # old revisions: pruned now and then
+            record_log.prune(self.store, self._log(table), seq - 1)
+        return new
+
+    def take(self, table: str, start_position: int) -> Lease | None:
+        """Take the partition for this member when it is free or its lease has ended;
+        `start_position` is where a group that never read it starts. None: held by a
+        live lease, or another member took it first."""
+        current = self.lease(table)
+        if current is not None and not current.free(now_ms()):
+            return None
+        position = start_position if current is None else current.position
+        return self.write(current, table, self.member, position)
+
+    def describe(self, tables: list[str]) -> dict[str, Any]:
+        """Members and, per partition table, holder and position (no lag)."""
+        leases = {t: self.lease(t) for t in tables}
+        return {
+            "group": self.name,
+            "members": self.live_members(),
+            "partitions": {
+                t: None
+                if lease is None
+                else {
+                    "member": lease.member if not lease.free(now_ms()) else None,
+                    "position": lease.position,
+                }
+                for t, lease in leases.items()
+            },
+        }
+
+
+def assignment(partitions: list[str], members: list[str], member: str) -> list[str]:
+    """The partitions dealt to `member`: partition j of the sorted list goes to member
+    j mod N of the sorted live members (none when `member` is not among them)."""
+    ordered = sorted(members)
+    if member not in ordered:
+        return []
+    i, n = ordered.index(member), len(ordered)
+    return [t for j, t in enumerate(sorted(partitions)) if j % n == i]

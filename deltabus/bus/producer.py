@@ -1,0 +1,357 @@
+"""The stream producer: records in, one Delta commit per partition per flush.
+
+Records of a producer are numbered from 0 in the order they are sent: its offsets. A
+flush commits the records sent since the last flush, at most one commit per partition,
+all partitions at once. Every commit carries the producer's app transaction, the offset
+the flush ends at, with two markers: the offset it started at and how many partitions it
+wrote. On open, the partitions' transactions tell how far the producer got: the last
+flush counts only when all its partitions have it (`committed`). A producer restarted
+with the same id sends again from `committed`, in the same order with the same keys, and
+a record a partition already holds is dropped there, so every record lands exactly once.
+
+A record's partition is a function of its key (CRC-32 of its UTF-8 text, modulo the
+partition count) or, with no key, of its offset (spans of STICKY_SPAN records go to one
+partition, then the next), so a resent record goes where it went before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from deltabus.bus.streams import Stream, show_schema
+from deltabus.checkpoints import BackgroundCheckpointer
+from deltabus.errors import ConfigError
+from deltabus.fast_append import TableAppender
+from deltabus.intervals import check_interval
+from deltabus.lake import Lake
+from deltabus.retry import retry_storage
+from deltabus.tables import ensure_table, metadata
+
+log = logging.getLogger(__name__)
+
+STICKY_SPAN = 16_384  # records per partition in turn when records have no key
+DEFAULT_COMMIT_INTERVAL_MS = 100
+PRODUCER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+
+
+def key_partition(key: object, partitions: int) -> int:
+    """The partition of a record with `key`: CRC-32 of its UTF-8 text modulo the count
+    (bytes are hashed as they are), the same in every process and language."""
+    raw = key if isinstance(key, bytes) else str(key).encode("utf-8")
+    return zlib.crc32(raw) % partitions
+
+
+class RecordError(ConfigError):
+    """A record does not fit its stream's schema, or its key is unusable."""
+
+
+@dataclass(frozen=True)
+class FlushMark:
+    """What one partition holds of a producer: the flush end, start and width."""
+
+    end: int
+    start: int
+    parts: int
+
+
+class Producer:
+    """Sends records to one stream, exactly once per producer id across restarts.
+
+    Args:
+        lake: the lake.
+        stream: the declared stream.
+        producer_id: the producer's stable name (letters, digits, '_', '-', '.'); a
+            restart with the same id continues its offsets.
+        commit_interval_ms: the longest a sent record waits for its commit, flushed by a
+            background thread (0: only `flush()` and `close()` commit).
+
+    Use as a context manager, or call `close()`: both flush what is pending. One process
+    at a time may use a producer id (a second one is not fenced).
+
+    Example:
+        `with Producer(lake, stream, "checkout-1") as p: p.send({"order_id": 1, ...})`
+    """
+
+    def __init__(
+        self,
+        lake: Lake,
+        stream: Stream,
+        producer_id: str,
+        commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS,
+    ) -> None:
+        if not producer_id or not set(producer_id) <= PRODUCER_ID_CHARS:
+            raise ConfigError(
+                f"producer id {producer_id!r} is not usable",
+                "use lower-case letters, digits, '_', '-' and '.'",
+            )
+        if commit_interval_ms:
+            check_interval(commit_interval_ms / 1000, "commit interval")
+        self.lake = lake
+        self.stream = stream
+        self.producer_id = producer_id
+        self.app_id = f"deltabus-stream-producer:{producer_id}"
+        self.interval_s = commit_interval_ms / 1000
+        self._lock = threading.RLock()
+        self._pending: list[pa.Table] = []  # validated batches, in send order
+        self._pending_keys: list[np.ndarray] = []  # their partitions
+        self._oldest: float | None = None  # monotonic time of the oldest pending record
+        self._failure: BaseException | None = None
+        self._closed = False
+        self.appenders: list[TableAppender] = []
+        self.checkpointers: list[BackgroundCheckpointer] = []
+        self.types = self._open_tables()
+        self.marks = [self._mark(a) for a in self.appenders]
+        self.committed = _resume_offset(self.marks)
+        self.next_offset = self.committed  # the offset the next record sent gets
+        self.commits = 0
+        self._pool = ThreadPoolExecutor(max_workers=min(stream.partitions, 8))
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if self.interval_s > 0:
+            self._flusher = threading.Thread(
+                target=self._flush_when_due, name=f"flush-{stream.name}", daemon=True
+            )
+            self._flusher.start()
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _open_tables(self) -> pa.Schema:
+        """Open every partition table; the Arrow types records are written with (Delta's:
+        timestamps in microseconds)."""
+        types: pa.Schema | None = None
+        for table in self.stream.tables:
+            dt = retry_storage(
+                lambda t=table: ensure_table(self.lake, t, self.stream.schema),
+                what=f"open {table}",
+            )
+            self.appenders.append(TableAppender(self.lake, table, dt))
+            self.checkpointers.append(BackgroundCheckpointer(self.lake, table))
+            if types is None:
+                held = pa.schema(dt.schema().to_arrow())
+                types = pa.schema([held.field(name) for name in self.stream.schema.names])
+        assert types is not None
+        return types
+
+    def _mark(self, appender: TableAppender) -> FlushMark | None:
+        end = appender.transaction_version(self.app_id)
+        if end is None:
+            return None
+        start = appender.transaction_version(f"{self.app_id}:start")
+        parts = appender.transaction_version(f"{self.app_id}:parts")
+        return FlushMark(end, start if start is not None else end, parts or 1)
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, record: Mapping[str, Any], key: object = None) -> int:
+        """Queue one record; returns its offset. `key` (else the stream's key column)
+        picks its partition.
+
+        Raises:
+            RecordError: the record does not fit the schema; nothing is queued.
+        """
+        self._check_columns(list(record))
+        batch = self._validated(lambda: pa.Table.from_pylist([dict(record)], self.stream.schema))
+        if key is None and self.stream.key is not None:
+            key = record.get(self.stream.key)
+            if key is None:
+                raise RecordError(
+                    f"a record of stream {self.stream.name} has no key: its key column "
+                    f"{self.stream.key} is empty",
+                    f"give {self.stream.key} a value, or pass key=...",
+                )
+        return self._queue(batch, None if key is None else [key])
+
+    def send_batch(self, batch: pa.Table, keys: Iterable[object] | None = None) -> int:
+        """Queue the rows of an Arrow table, in order; returns the first one's offset.
+        `keys` (one per row; else the stream's key column) pick their partitions.
+
+        Raises:
+            RecordError: the rows do not fit the schema, or `keys` has another length;
+                nothing is queued.
+        """
+        self._check_columns(batch.column_names)
+        schema = self.stream.schema
+        table = self._validated(lambda: batch.select(schema.names).cast(schema))
+        if keys is None and self.stream.key is not None:
+            keys = table.column(self.stream.key).to_pylist()
+        keyed = None if keys is None else list(keys)
+        if keyed is not None and len(keyed) != table.num_rows:
+            raise RecordError(
+                f"{len(keyed)} keys for {table.num_rows} rows of stream {self.stream.name}",
+                "give one key per row, or none",
+            )
+        return self._queue(table, keyed)
+
+    def _check_columns(self, names: list[str]) -> None:
+        schema = self.stream.schema
+        unknown = sorted(set(names) - set(schema.names))
+        missing = [f.name for f in schema if not f.nullable and f.name not in names]
+        if unknown or missing:
+            raise RecordError(
+                f"a record does not fit stream {self.stream.name}: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"unknown columns {', '.join(unknown)}" if unknown else "",
+                        f"missing required columns {', '.join(missing)}" if missing else "",
+                    )
+                    if part
+                ),
+                f"send the columns of its schema: {show_schema(schema)}",
+            )
+
+    def _validated(self, convert: Any) -> pa.Table:
+        """`convert()` in the stream's schema, cast to the tables' types, with no null
+        in a required column."""
+        schema = self.stream.schema
+        try:
+            table = convert().cast(self.types)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise RecordError(
+                f"a record does not fit stream {self.stream.name}: {exc}",
+                f"send the columns of its schema: {show_schema(schema)}",
+            ) from None
+        nulls = [f.name for f in schema if not f.nullable and table.column(f.name).null_count]
+        if nulls:
+            raise RecordError(
+                f"a record of stream {self.stream.name} has no value for required column "
+                f"{', '.join(nulls)}",
+                f"send the columns of its schema: {show_schema(schema)}",
+            )
+        return table
+
+    def _queue(self, table: pa.Table, keys: list[object] | None) -> int:
+        with self._lock:
+            self._raise_failure()
+            if self._closed:
+                raise ConfigError(f"the producer of {self.stream.name} is closed")
+            first = self.next_offset
+            offsets = np.arange(first, first + table.num_rows, dtype=np.int64)
+            if keys is None:
+                spans = offsets // STICKY_SPAN + zlib.crc32(self.producer_id.encode())
+                parts = spans % self.stream.partitions
+            else:
+                if any(k is None for k in keys):
+                    raise RecordError(
+                        f"a record of stream {self.stream.name} has no key",
+                        "give every record a key, or none of them",
+                    )
+                parts = np.array(
+                    [key_partition(k, self.stream.partitions) for k in keys], dtype=np.int64
+                )
+            self._pending.append(table)
+            self._pending_keys.append(parts)
+            self.next_offset += table.num_rows
+            if self._oldest is None:
+                self._oldest = time.monotonic()
+            return first
+
+    # -- committing -------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Commit every queued record; returns `committed`, the offset after the last
+        record that is durable.
+
+        Raises:
+            StorageError: the lake failed past the retry budget; the records stay queued
+                and the producer refuses further sends (reopen it to go on).
+        """
+        with self._lock:
+            self._raise_failure()
+            if not self._pending:
+                return self.committed
+            rows = pa.concat_tables(self._pending)
+            parts = np.concatenate(self._pending_keys)
+            start, end = self.committed, self.next_offset
+            offsets = np.arange(start, end, dtype=np.int64)
+            writes = []
+            for p in sorted(set(parts.tolist())):
+                mask = parts == p
+                mark = self.marks[p]
+                if mark is not None:  # a resent record this partition holds already
+                    mask &= offsets >= mark.end
+                if mask.any():
+                    writes.append((p, rows.filter(pa.array(mask))))
+            try:
+                futures = [
+                    self._pool.submit(self._commit, p, batch, start, end, len(writes))
+                    for p, batch in writes
+                ]
+                for future in futures:
+                    future.result()
+            except BaseException as exc:
+                self._failure = exc
+                raise
+            for p, _ in writes:
+                self.marks[p] = FlushMark(end, start, len(writes))
+            self._pending, self._pending_keys, self._oldest = [], [], None
+            self.committed = end
+            return end
+
+    def _commit(self, p: int, batch: pa.Table, start: int, end: int, parts: int) -> None:
+        self.appenders[p].append_once(
+            batch,
+            app_id=self.app_id,
+            seq=end,
+            custom_metadata=metadata(**{"producer.id": self.producer_id, "producer.end": end}),
+            what=f"commit to {self.stream.table(p)}",
+            checkpointer=self.checkpointers[p],
+            markers={f"{self.app_id}:start": start, f"{self.app_id}:parts": parts},
+        )
+        self.commits += 1
+
+    def _flush_when_due(self) -> None:
+        while not self._stop.wait(self.interval_s / 4):
+            oldest = self._oldest
+            if oldest is None or time.monotonic() - oldest < self.interval_s:
+                continue
+            try:
+                self.flush()
+            except BaseException:  # noqa: BLE001 - kept, and raised at the next call
+                return
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> None:
+        """Flush, then stop the background threads. Safe to call twice."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            for checkpointer in self.checkpointers:
+                checkpointer.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _resume_offset(marks: list[FlushMark | None]) -> int:
+    """The offset after the last record every partition it went to holds: the newest
+    flush's end when all the partitions it wrote have it, else where it started."""
+    held = [m for m in marks if m is not None]
+    if not held:
+        return 0
+    newest = max(m.end for m in held)
+    last = [m for m in held if m.end == newest]
+    return newest if len(last) >= last[0].parts else last[0].start

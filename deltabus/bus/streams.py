@@ -1,0 +1,247 @@
+"""Streams: named, optionally partitioned sets of Delta tables with a declared schema.
+
+A stream's declaration is recorded in the lake, at `_deltabus/streams/<name>/`, as a
+record log (deltabus.bus.record_log), so that no reader has to be told its schema or
+partition count. Partition i of stream `orders` is the table `orders-p{i}` (`orders` when
+it has one partition), created with deltabus' table properties (change data feed,
+write-serializable isolation), so other Delta writers' deletes and updates reach
+consumers as retractions.
+
+Declaring is idempotent. A declaration that differs from the recorded one is refused,
+except additive schema evolution: the recorded columns unchanged and in order, followed
+by new nullable ones, which are added to every partition table first and then recorded.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from deltabus.bus import record_log
+from deltabus.errors import ConfigError
+from deltabus.lake import Lake
+from deltabus.partitions import MAX_PARTITIONS, partition_table
+from deltabus.retry import retry_storage
+from deltabus.tables import ensure_table
+
+STREAMS_PREFIX = "_deltabus/streams"
+STREAM_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+# Names the time-zone pipeline's tables use: a stream may not shadow them.
+RESERVED = frozenset({"timezone1", "timezone2", "timezone_unified", "rejects"})
+# Columns a consumer adds to every batch: a stream may not declare them.
+RESERVED_COLUMNS = frozenset({"diff", "_diff", "_partition", "_version"})
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A declared stream: its name, schema, partition count and default key column.
+
+    `key`: the column whose value a producer hashes to pick a record's partition when
+    `send` is given no key (None: records go to partitions in sticky spans)."""
+
+    name: str
+    schema: pa.Schema
+    partitions: int = 1
+    key: str | None = None
+    revision: int = 0  # of the declaration in the lake (0: the first)
+
+    def __post_init__(self) -> None:
+        if not STREAM_NAME.fullmatch(self.name) or self.name in RESERVED:
+            raise ConfigError(
+                f"{self.name!r} is not a usable stream name",
+                "use 1-63 lower-case letters, digits and '_', starting with a letter "
+                f"(not one of {', '.join(sorted(RESERVED))})",
+            )
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ConfigError(
+                f"stream {self.name}: partitions must be 1..{MAX_PARTITIONS}, got {self.partitions}"
+            )
+        if len(self.schema) == 0:
+            raise ConfigError(f"stream {self.name}: the schema has no columns")
+        names = self.schema.names
+        clash = sorted(set(names) & RESERVED_COLUMNS)
+        if clash or len(set(names)) != len(names):
+            raise ConfigError(
+                f"stream {self.name}: columns must have distinct names, none of "
+                f"{', '.join(sorted(RESERVED_COLUMNS))} (got {', '.join(names)})"
+            )
+        if self.key is not None and self.key not in names:
+            raise ConfigError(
+                f"stream {self.name}: key column {self.key!r} is not in the schema "
+                f"({', '.join(names)})"
+            )
+
+    @property
+    def tables(self) -> list[str]:
+        """The partition tables, partition 0 first."""
+        return [partition_table(self.name, i, self.partitions) for i in range(self.partitions)]
+
+    def table(self, partition: int) -> str:
+        return partition_table(self.name, partition, self.partitions)
+
+    def record(self) -> dict:
+        """The JSON body recorded in the lake."""
+        return {
+            "name": self.name,
+            "partitions": self.partitions,
+            "key": self.key,
+            "columns": [
+                {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.schema
+            ],
+            "schema_ipc": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+        }
+
+    @classmethod
+    def from_record(cls, body: dict, revision: int) -> Stream:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema_ipc"])))
+        return cls(body["name"], schema, int(body["partitions"]), body.get("key"), revision)
+
+
+def _prefix(name: str) -> str:
+    return f"{STREAMS_PREFIX}/{name}"
+
+
+def get_stream(lake: Lake, name: str) -> Stream:
+    """The stream `name` as declared in the lake.
+
+    Raises:
+        ConfigError: no stream of that name is declared (the message lists those that are).
+    """
+    found = record_log.latest(lake.object_store, _prefix(name))
+    if found is None:
+        known = list_streams(lake)
+        raise ConfigError(
+            f"no stream {name!r} in the lake at {lake.root}",
+            "declare it first (deltabus streams create, or deltabus.create_stream); "
+            + (f"streams here: {', '.join(known)}" if known else "this lake has no streams"),
+        )
+    return Stream.from_record(found.body, found.seq)
+
+
+def list_streams(lake: Lake) -> list[str]:
+    """The names of the streams declared in the lake, sorted."""
+    import obstore
+
+    def listed() -> list[str]:
+        names: set[str] = set()
+        for chunk in obstore.list(lake.object_store, prefix=f"{STREAMS_PREFIX}/"):
+            for meta in chunk:
+                parts = str(meta["path"]).split("/")
+                if len(parts) >= 3 and STREAM_NAME.fullmatch(parts[-2]):
+                    names.add(parts[-2])
+        return sorted(names)
+
+    return retry_storage(listed, what="list the lake's streams")
+
+
+def create_stream(
+    lake: Lake,
+    name: str,
+    schema: pa.Schema,
+    *,
+    partitions: int = 1,
+    key: str | None = None,
+) -> Stream:
+    """Declare stream `name` and create its partition tables; idempotent.
+
+    Args:
+        lake: the lake the stream lives in.
+        name: lower-case letters, digits and '_' (the tables are `name` or `name-p{i}`).
+        schema: the Arrow schema of its records.
+        partitions: how many tables (and Delta logs) carry it; fixed once declared.
+        key: the column producers hash by default to choose a partition.
+
+    Returns:
+        The stream as recorded: the same declaration again returns it unchanged; a
+        schema with new nullable columns at the end evolves it.
+
+    Raises:
+        ConfigError: another declaration of that name is recorded (partitions, key, or a
+            schema change that is not additive); nothing is changed.
+
+    Example:
+        `create_stream(lake, "orders", pa.schema([("id", pa.int64())]), partitions=4)`
+    """
+    wanted = Stream(name, schema, partitions, key)
+    store = lake.object_store
+    while True:
+        current = record_log.latest(store, _prefix(name))
+        if current is None:
+            _create_tables(lake, wanted)
+            if record_log.claim(store, _prefix(name), 0, wanted.record()):
+                return wanted
+            continue  # declared meanwhile: check against that declaration
+        recorded = Stream.from_record(current.body, current.seq)
+        added = _added_columns(recorded, wanted)
+        if not added:
+            return recorded
+        _add_columns(lake, recorded, added)
+        evolved = Stream(name, schema, partitions, key, current.seq + 1)
+        if record_log.claim(store, _prefix(name), current.seq + 1, evolved.record()):
+            return evolved
+
+
+def _added_columns(recorded: Stream, wanted: Stream) -> list[pa.Field]:
+    """The nullable columns `wanted` appends to `recorded`'s schema; raises ConfigError
+    for any other difference."""
+    name = recorded.name
+    if wanted.partitions != recorded.partitions:
+        raise ConfigError(
+            f"stream {name} has {recorded.partitions} partitions, not {wanted.partitions}; "
+            "partitions are not added or removed in place",
+            f"declare it with {recorded.partitions}, or declare a stream of another name",
+        )
+    if wanted.key != recorded.key:
+        raise ConfigError(
+            f"stream {name} is keyed by {recorded.key!r}, not {wanted.key!r}",
+            f"declare it with key {recorded.key!r}, or declare a stream of another name",
+        )
+    have, want = recorded.schema, wanted.schema
+    if len(want) < len(have) or any(
+        not want.field(i).equals(have.field(i)) for i in range(len(have))
+    ):
+        raise ConfigError(
+            f"stream {name} has the schema ({show_schema(have)}), which "
+            f"({show_schema(want)}) does not extend",
+            "keep the recorded columns as they are and in order; only new nullable columns "
+            "may follow them",
+        )
+    added = [want.field(i) for i in range(len(have), len(want))]
+    required = [f.name for f in added if not f.nullable]
+    if required:
+        raise ConfigError(
+            f"stream {name}: new columns must be nullable (records written before have "
+            f"none): {', '.join(required)}",
+            "declare them nullable",
+        )
+    return added
+
+
+def show_schema(schema: pa.Schema) -> str:
+    """`name type[ not null], ...`: a schema on one line, for messages."""
+    return ", ".join(f"{f.name} {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+
+
+def _create_tables(lake: Lake, stream: Stream) -> None:
+    for table in stream.tables:
+        ensure_table(lake, table, stream.schema)
+
+
+def _add_columns(lake: Lake, stream: Stream, added: list[pa.Field]) -> None:
+    """Add `added` to every partition table that lacks them (a crash between tables and
+    record leaves some tables evolved: the next declaration finishes the rest)."""
+    from deltalake import Schema as DeltaSchema
+
+    for table in stream.tables:
+        dt = ensure_table(lake, table, stream.schema)
+        present = set(dt.schema().to_arrow().names)
+        missing = [f for f in added if f.name not in present]
+        if missing:
+            fields = DeltaSchema.from_arrow(pa.schema(missing)).fields
+            retry_storage(
+                lambda dt=dt, fields=fields: dt.alter.add_columns(fields),
+                what=f"add columns to {table}",
+            )

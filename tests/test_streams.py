@@ -1,0 +1,306 @@
+"""A user's own stream on deltabus, through the public API only: `orders` (4 partitions,
+keyed by customer) on real MinIO, with producers and a consumer-group member SIGKILLed
+mid-stream, a second group reading from the beginning, and another Delta writer's
+delete arriving as retractions. Declarations run against a local directory too."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+import deltabus
+from deltabus.lake import Lake
+from tests.bus_worker import ID_BASE, ORDERS_SCHEMA
+from tests.conftest import lake_env
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def bus_of(lake: Lake) -> deltabus.Bus:
+    return deltabus.Bus(lake)
+
+
+def test_declaring_a_stream_is_idempotent_and_refuses_other_declarations(lake: Lake) -> None:
+    bus = bus_of(lake)
+    orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    assert orders.tables == [f"orders-p{i}" for i in range(4)]
+    assert all(lake.exists(t) for t in orders.tables)
+    again = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    assert again == orders and again.revision == 0
+    assert bus.streams() == ["orders"]
+
+    refused = {
+        "partitions": dict(schema=ORDERS_SCHEMA, partitions=2, key="customer"),
+        "key": dict(schema=ORDERS_SCHEMA, partitions=4, key=None),
+        "type": dict(
+            schema=ORDERS_SCHEMA.set(1, pa.field("amount", pa.string())),
+            partitions=4,
+            key="customer",
+        ),
+        "required column": dict(
+            schema=ORDERS_SCHEMA.append(pa.field("region", pa.string(), nullable=False)),
+            partitions=4,
+            key="customer",
+        ),
+        "dropped column": dict(schema=ORDERS_SCHEMA.remove(1), partitions=4, key="customer"),
+    }
+    for case, declaration in refused.items():
+        with pytest.raises(deltabus.ConfigError) as raised:
+            bus.create_stream("orders", **declaration)  # type: ignore[arg-type]
+        assert "fix:" in str(raised.value), case
+    assert bus.stream("orders") == orders  # nothing was recorded by a refusal
+
+    evolved = bus.create_stream(
+        "orders",
+        ORDERS_SCHEMA.append(pa.field("region", pa.string())),
+        partitions=4,
+        key="customer",
+    )
+    assert evolved.revision == 1 and evolved.schema.names[-1] == "region"
+    for table in evolved.tables:
+        assert (
+            "region"
+            in DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+            .schema()
+            .to_arrow()
+            .names
+        )
+    assert bus.stream("orders").schema.names[-1] == "region"
+
+    with pytest.raises(deltabus.ConfigError) as unknown:
+        bus.stream("clicks")
+    assert "orders" in str(unknown.value)  # names the streams there are
+    with pytest.raises(deltabus.ConfigError):
+        bus.create_stream("Bad-Name", ORDERS_SCHEMA)
+
+
+def test_a_record_that_does_not_fit_is_refused_and_nothing_is_written(lake: Lake) -> None:
+    bus = bus_of(lake)
+    bus.create_stream("orders", ORDERS_SCHEMA, partitions=2, key="customer")
+    with bus.producer("orders", "strict", commit_interval_ms=0) as producer:
+        good = {"order_id": 1, "amount": 2.5, "ts": 1_700_000_000_000, "customer": "ann"}
+        for bad in (
+            {**good, "coupon": "X"},  # an unknown column
+            {**good, "order_id": "one"},  # a wrong type
+            {**good, "customer": None},  # no key
+        ):
+            with pytest.raises(deltabus.RecordError):
+                producer.send(bad)
+        with pytest.raises(deltabus.RecordError):
+            producer.send_batch(pa.Table.from_pylist([good, good]), keys=["only one"])
+        assert producer.flush() == 0 and producer.commits == 0
+        producer.send(good)
+    assert producer.committed == 1
+    rows = sum(
+        DeltaTable(lake.uri(t), storage_options=lake.storage_options).to_pyarrow_table().num_rows
+        for t in bus.stream("orders").tables
+    )
+    assert rows == 1
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+class Worker:
+    """A `tests.bus_worker` process whose JSON lines are collected as they come."""
+
+    def __init__(self, lake: Lake, *args: str) -> None:
+        env = lake_env(lake) | {"PYTHONPATH": str(REPO)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.bus_worker", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[dict] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(json.loads(line))
+
+    def wait_for(self, predicate, timeout: float = 60.0) -> dict:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if predicate(line):
+                    return line
+            if self.process.poll() is not None and not self._reader.is_alive():
+                raise AssertionError(f"worker exited: {self.process.stderr.read()[-3000:]}")  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, f"no such line in {self.lines[-3:]}"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def batches_of(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def group_content(files: list[Path]) -> Counter:
+    """Order ids (net of retractions) over the distinct batches the members wrote: a batch
+    redelivered after a member died before committing it counts once."""
+    seen: dict[tuple[int, int], dict] = {}
+    for path in files:
+        for batch in batches_of(path):
+            seen.setdefault((batch["partition"], batch["version"]), batch)
+    net: Counter = Counter()
+    for batch in seen.values():
+        for order_id, diff in zip(batch["ids"], batch["diff"], strict=True):
+            net[order_id] += diff
+    return +net
+
+
+def test_orders_exactly_once_across_sigkills_in_two_groups(
+    minio_lake: Lake, tmp_path: Path
+) -> None:
+    lake = minio_lake
+    bus = bus_of(lake)
+    orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    count = 3000
+    expected = {p * ID_BASE + o for p in (1, 2) for o in range(count)}
+
+    files = [tmp_path / "a1.jsonl", tmp_path / "a2.jsonl"]
+    members = [Worker(lake, "consume", "group-a", str(f)) for f in files]
+    producers = {p: Worker(lake, "produce", str(p), str(count)) for p in (1, 2)}
+    try:
+        for member in members:
+            member.wait_for(lambda line: "member" in line)
+        # Producer 1 dies mid-stream and comes back under the same id.
+        producers[1].wait_for(lambda line: line.get("committed", 0) >= 600)
+        producers[1].kill()
+        producers[1] = Worker(lake, "produce", "1", str(count))
+        resumed = producers[1].wait_for(lambda line: "resumed_at" in line)["resumed_at"]
+        assert 600 <= resumed < count
+        # Member 2 of group A dies once it has read something.
+        deadline = time.monotonic() + 60
+        while not batches_of(files[1]):
+            assert time.monotonic() < deadline, "member 2 read nothing"
+            time.sleep(0.1)
+        held_by_dead = {b["partition"] for b in batches_of(files[1])}
+        members[1].kill()
+        killed_at = time.time()
+        for producer in producers.values():
+            producer.wait_for(lambda line: "done" in line, timeout=120)
+
+        # Every order is in the stream once.
+        stored = Counter()
+        for table in orders.tables:
+            dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+            stored.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
+        assert set(stored) == expected and max(stored.values()) == 1
+
+        # Group A: the survivor takes the dead member's partitions and reads them on.
+        deadline = time.monotonic() + 90
+        while set(group_content(files)) != expected:
+            assert time.monotonic() < deadline, len(expected - set(group_content(files)))
+            time.sleep(0.2)
+        assert max(group_content(files).values()) == 1
+        survivor = {b["partition"] for b in batches_of(files[0])}
+        assert held_by_dead <= survivor
+        assert time.time() - killed_at < 60
+
+        # Group B reads everything from the beginning, independently of group A.
+        with bus.consumer("orders", group="group-b", ttl_s=3.0) as reader:
+            got: Counter = Counter()
+            deadline = time.monotonic() + 60
+            while set(got) != expected:
+                assert time.monotonic() < deadline, len(expected - set(got))
+                batch = reader.poll(0.5)
+                if batch is not None:
+                    assert set(batch.rows.column("diff").to_pylist()) == {1}
+                    got.update(batch.rows.column("order_id").to_pylist())
+            assert max(got.values()) == 1
+            assert sorted(reader.assigned()) == orders.tables  # the only member holds all
+            reader.commit()
+            assert set(reader.lag().values()) == {0}
+
+            # Another Delta writer deletes rows of partition 0: they arrive as retractions.
+            part0 = DeltaTable(lake.uri(orders.tables[0]), storage_options=lake.storage_options)
+            doomed = set(part0.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist()[:25])
+            ids = ", ".join(str(i) for i in sorted(doomed))
+            part0.delete(f"order_id IN ({ids})")
+            retracted: set[int] = set()
+            deadline = time.monotonic() + 30
+            while retracted != doomed:
+                assert time.monotonic() < deadline, doomed - retracted
+                batch = reader.poll(0.5)
+                if batch is not None:
+                    assert batch.partition == 0
+                    for order_id, diff in zip(
+                        batch.rows.column("order_id").to_pylist(),
+                        batch.rows.column("diff").to_pylist(),
+                        strict=True,
+                    ):
+                        assert diff == -1 and order_id in doomed
+                        retracted.add(order_id)
+        described = bus.describe_group("group-b")
+        assert all(p["member"] is None for p in described["partitions"].values())
+        assert described["partitions"][orders.tables[0]]["lag"] == 0
+    finally:
+        for worker in [*members, *producers.values()]:
+            worker.stop()
+
+
+def test_a_flush_cut_short_between_partitions_is_resent_once(lake: Lake) -> None:
+    """What a SIGKILL between a flush's partition commits leaves: some partitions hold the
+    flush, others not. A producer opened again under the same id resumes where that flush
+    started, and of the records sent again each partition keeps only those it lacks."""
+    from tests.bus_worker import order
+
+    bus = bus_of(lake)
+    orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    first = bus.producer("orders", "cut", commit_interval_ms=0)
+    first.send_batch(pa.Table.from_pylist([order(7, o) for o in range(100)]))
+    assert first.flush() == 100
+    first.send_batch(pa.Table.from_pylist([order(7, o) for o in range(100, 300)]))
+    # The flush of offsets 100-300, cut short: only the partitions below 2 commit it.
+    rows = pa.concat_tables(first._pending)
+    parts = pa.array(np.concatenate(first._pending_keys))
+    written = sorted(set(parts.to_pylist()))
+    assert len(written) == 4
+    for p in written[:2]:
+        mask = pc.equal(parts, p)
+        first._commit(p, rows.filter(mask).cast(first.types), 100, 300, len(written))
+    first._pending, first._pending_keys = [], []  # the process died here
+    first.close()
+
+    second = bus.producer("orders", "cut", commit_interval_ms=0)
+    assert second.committed == 100  # the cut flush does not count
+    second.send_batch(pa.Table.from_pylist([order(7, o) for o in range(100, 400)]))
+    assert second.flush() == 400
+    second.close()
+    assert bus.producer("orders", "cut", commit_interval_ms=0).committed == 400
+    stored: Counter = Counter()
+    for table in orders.tables:
+        dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+        stored.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
+    assert set(stored) == {7 * ID_BASE + o for o in range(400)}
+    assert max(stored.values()) == 1
