@@ -21,6 +21,7 @@ from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL
 from deltabus.logs import setup_logging
 from deltabus.processes import apply_process_defaults
 from deltabus.serving.opensearch_cli import opensearch_app, serve_opensearch
+from deltabus.streams_cli import consume_stream, groups_app, produce_stream, streams_app
 
 log = logging.getLogger("deltabus")
 
@@ -36,6 +37,8 @@ minio_app = typer.Typer(
     help="A local MinIO server on loopback for development.", no_args_is_help=True
 )
 app.add_typer(minio_app, name="minio")
+app.add_typer(streams_app, name="streams")
+app.add_typer(groups_app, name="groups")
 
 
 @app.callback()
@@ -152,10 +155,28 @@ def produce(
         typer.Option(help="Run id; rerun with the same id to resume without duplicates."),
     ] = None,
     partitions: PartitionsOption = None,
+    stream: Annotated[
+        str | None,
+        typer.Option(
+            help="Send JSON lines from stdin to this declared stream instead (deltabus "
+            "streams create); only --producer-id and --commit-interval-ms apply then."
+        ),
+    ] = None,
+    producer_id: Annotated[
+        str | None,
+        typer.Option(
+            help="With --stream: the producer's stable name. Run again with the same id "
+            "and input to send what was not committed, exactly once (default: a new id)."
+        ),
+    ] = None,
 ) -> None:
     """Write messages from New York and Paris into timezone1 and timezone2 (or their
     partitions: each commit window's messages go to one partition, the next window's to
-    the next; a window of more than 65,536 messages is cut into chunks that go on in turn)."""
+    the next; a window of more than 65,536 messages is cut into chunks that go on in turn).
+    With --stream, send one JSON object per stdin line to a stream of your own."""
+    if stream is not None:
+        produce_stream(stream, producer_id, commit_interval_ms, sys.stdin)
+        return
     from deltabus.producer import Producer, ProducerConfig
 
     if duration is None and count is None:
@@ -185,6 +206,33 @@ def produce(
         )
     )
     emit("producer report", report.as_dict())
+
+
+class Start(StrEnum):
+    beginning = "beginning"
+    end = "end"
+
+
+@app.command()
+def consume(
+    stream: Annotated[list[str], typer.Option(help="Declared stream to read (repeatable).")],
+    group: Annotated[str, typer.Option(help="Consumer group: its members share the partitions.")],
+    start: Annotated[
+        Start, typer.Option(help="Where a group that never read a partition starts.")
+    ] = Start.beginning,
+    max_records: Annotated[
+        int | None,
+        typer.Option(help="Stop after the batch that reaches this many records."),
+    ] = None,
+    idle_exit_s: Annotated[
+        float | None,
+        typer.Option(help="Stop after this many seconds without a new record."),
+    ] = None,
+) -> None:
+    """Write a stream's records to stdout as JSON lines (its columns, diff: +1 or -1 for a
+    record another writer deleted, _stream, _partition, _version), as a member of a
+    consumer group; the group's position is committed after each batch is written."""
+    consume_stream(stream, group, start.value, max_records, idle_exit_s)
 
 
 class EtlMode(StrEnum):

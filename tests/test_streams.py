@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 import deltabus
 from deltabus.lake import Lake
 from tests.bus_worker import ID_BASE, ORDERS_SCHEMA
-from tests.conftest import lake_env
+from tests.conftest import lake_env, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -304,3 +304,79 @@ def test_a_flush_cut_short_between_partitions_is_resent_once(lake: Lake) -> None
         stored.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
     assert set(stored) == {7 * ID_BASE + o for o in range(400)}
     assert max(stored.values()) == 1
+
+
+def test_streams_from_the_command_line(minio_lake: Lake, tmp_path: Path) -> None:
+    env = lake_env(minio_lake)
+    schema = "order_id:int64!,amount:float64,ts:timestamp[ms,UTC],customer:string"
+    created = run_cli(
+        [
+            "streams",
+            "create",
+            "orders",
+            "--schema",
+            schema,
+            "--partitions",
+            "4",
+            "--key",
+            "customer",
+        ],
+        env,
+        tmp_path,
+    )
+    assert created.returncode == 0, created.stderr
+    listed = run_cli(["streams", "list"], env, tmp_path)
+    assert listed.stdout.split() == ["orders"]
+
+    lines = [
+        json.dumps(
+            {"order_id": i, "amount": i / 4, "ts": "2026-11-26T12:00:00Z", "customer": f"c{i}"}
+        )
+        for i in range(1, 7)
+    ]
+    broken = [*lines[:3], '{"order_id": "four"}', *lines[3:]]
+
+    def produce(text: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "deltabus",
+                "produce",
+                "--stream",
+                "orders",
+                "--producer-id",
+                "file-1",
+            ],
+            input="\n".join(text) + "\n",
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    first = produce(broken)
+    assert first.returncode == 2, first.stderr
+    assert "line 4" in first.stderr and "the 3 records before it are committed" in first.stderr
+    assert "Traceback" not in first.stderr
+    fixed = produce([*lines[:3], json.dumps({"order_id": 40, "customer": "c40"}), *lines[3:]])
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads(fixed.stderr.strip().splitlines()[-1])["skipped"] == 3
+
+    consumed = run_cli(
+        ["consume", "--stream", "orders", "--group", "cli", "--idle-exit-s", "2"], env, tmp_path
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    rows = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert sorted(r["order_id"] for r in rows) == [1, 2, 3, 4, 5, 6, 40]
+    by_id = {r["order_id"]: r for r in rows}
+    assert {r["diff"] for r in rows} == {1} and by_id[40]["ts"] is None
+    assert by_id[1]["ts"] == "2026-11-26T12:00:00+00:00" and by_id[1]["_stream"] == "orders"
+    described = run_cli(["--json", "groups", "describe", "cli"], env, tmp_path)
+    assert described.returncode == 0, described.stderr
+    partitions = json.loads(described.stdout)["partitions"]
+    assert set(partitions) == {f"orders-p{i}" for i in range(4)}
+    assert all(p["lag"] == 0 for p in partitions.values())
+    unknown = run_cli(["consume", "--stream", "clicks", "--group", "cli"], env, tmp_path)
+    assert unknown.returncode == 2 and "no stream 'clicks'" in unknown.stderr
