@@ -8,7 +8,6 @@ from deltabus.bench.verdict import (
     OVER_BOUND,
     classify,
     p99_bound_s,
-    with_unseen,
 )
 
 WARMUP = 5.0
@@ -40,11 +39,11 @@ def test_messages_never_seen_make_a_run_behind():
     delivered part of the messages did not keep up, whatever the seen ones' latencies."""
     empty = classify([], WARMUP, None, 0.1)
     assert empty["verdict"] == KEEPING_UP  # the series alone cannot tell
-    assert with_unseen(empty, 300_000)["verdict"] == BEHIND
-    assert with_unseen(empty, 300_000)["unseen_after_warmup"] == 300_000
+    unseen = classify([], WARMUP, None, 0.1, unseen=300_000)
+    assert unseen["verdict"] == BEHIND and unseen["unseen_after_warmup"] == 300_000
     low = classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1)
-    assert with_unseen(low, 0) == low
-    assert with_unseen(low, 5)["verdict"] == BEHIND
+    assert classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1, unseen=0) == low
+    assert classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1, unseen=5)["verdict"] == BEHIND
 
 
 def test_growing_lag_is_behind():

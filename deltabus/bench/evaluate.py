@@ -27,7 +27,7 @@ from deltabus.bench.analysis import (
 )
 from deltabus.bench.config import BenchConfig
 from deltabus.bench.cost import cost_summary
-from deltabus.bench.verdict import BEHIND, KEEPING_UP, classify, with_unseen
+from deltabus.bench.verdict import BEHIND, KEEPING_UP, classify
 from deltabus.bench.workload import ProducerSpec
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
 
@@ -137,8 +137,8 @@ def evaluate_run(
         cfg.warmup,
         pct["p99"],
         cfg.commit_interval if state.backbone == "delta" else None,
+        unseen=int(lost_after.height),
     )
-    verdict = with_unseen(verdict, int(lost_after.height))
     summary = {
         "rate": state.rate,
         "backbone": state.backbone,
@@ -243,7 +243,9 @@ def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[
         state.served,
         warmup_s=cfg.warmup,
         interval_s=cfg.interval_s,
-        classify=lambda series, p99: classify(series, cfg.warmup, p99, cfg.commit_interval),
+        classify=lambda series, p99, unseen: classify(
+            series, cfg.warmup, p99, cfg.commit_interval, unseen=unseen
+        ),
         backend=cfg.serve,
     )
     if cfg.serve == "opensearch":  # what shapes the stage: the index's refresh interval

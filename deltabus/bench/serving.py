@@ -18,6 +18,7 @@ import resource
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 
 from deltabus.bench.config import SERVE_SYSTEMS
-from deltabus.bench.verdict import with_unseen
 from deltabus.latency import PERCENTILES, over_time, percentile_sql
 from deltabus.processes import ChildProcess, deltabus_command
 
@@ -154,6 +154,7 @@ class ServingRun:
     """
 
     backend: str  # one of SYSTEMS
+    rows_key: str  # the sink report's count of served rows (documents for an index)
 
     def __init__(self, settings: Any, work: Path, tag: str, poll_s: float) -> None:
         self.settings, self.work, self.tag, self.poll_s = settings, work, tag, poll_s
@@ -205,19 +206,7 @@ class ServingRun:
         self._command_prefix, self._env = prefix, env
         ready = self.work / f"{self.tag}.serve-ready"
         ready.unlink(missing_ok=True)
-        command = deltabus_command(
-            "serve",
-            self.backend,
-            "--follow",
-            *self._sink_options(self.target),
-            "--ready-file",
-            str(ready),
-            prefix=prefix,
-            as_json=True,
-        )
-        self.sink = ChildProcess(
-            f"{self.tag}-serve-{self.backend}", command, env | self._sink_env(), self.work
-        ).start()
+        self.sink = self._sink("serve", self.target, "--follow", "--ready-file", str(ready))
         cpu.watch(SINK_CPU, self.sink.pid)
         self.sink.wait_file(ready, timeout=120)
         self.reader = self._make_reader()
@@ -268,21 +257,11 @@ class ServingRun:
         from deltabus.bench.environment import process_tree_cpu_s
 
         target = f"{self.target}_replay"
-        command = deltabus_command(
-            "serve",
-            self.backend,
-            "--once",
-            *self._sink_options(target),
-            prefix=self._command_prefix,
-            as_json=True,
-        )
         server_pid = self._server_pid()
         server_before = process_tree_cpu_s(server_pid) if server_pid else None
         children_before = _children_cpu_s()
         started = time.monotonic()
-        sink = ChildProcess(
-            f"{self.tag}-replay-{self.backend}", command, self._env | self._sink_env(), self.work
-        ).start()
+        sink = self._sink("replay", target, "--once")
         rc = sink.wait(timeout=REPLAY_TIMEOUT_S)
         elapsed = time.monotonic() - started
         sink_cpu = _children_cpu_s() - children_before  # the only child ended meanwhile
@@ -291,7 +270,7 @@ class ServingRun:
         if rc != 0:
             tail = self.redact(sink.stderr_tail(5))
             self.errors.append(f"the replaying sink exited with status {rc}: {tail}")
-        rows = report.get("indexed_docs", report.get("served_rows"))
+        rows = report.get(self.rows_key)
         out: dict[str, Any] = {
             "target": target,
             "rows": rows,
@@ -314,6 +293,19 @@ class ServingRun:
         )
         return out
 
+    def _sink(self, role: str, target: str, *options: str) -> ChildProcess:
+        """A `deltabus serve <backend>` child into `target` with `options`, started."""
+        command = deltabus_command(
+            "serve",
+            self.backend,
+            *options,
+            *self._sink_options(target),
+            prefix=self._command_prefix,
+            as_json=True,
+        )
+        name = f"{self.tag}-{role}-{self.backend}"
+        return ChildProcess(name, command, self._env | self._sink_env(), self.work).start()
+
     def served(self) -> pa.Table:
         return self.reader.table() if self.reader is not None else SERVED_SCHEMA.empty_table()
 
@@ -323,6 +315,7 @@ class PostgresServingRun(ServingRun):
     PostgreSQL on loopback."""
 
     backend = "postgres"
+    rows_key = "served_rows"
 
     def __init__(self, settings: Any, work: Path, tag: str, poll_s: float) -> None:
         super().__init__(settings, work, tag, poll_s)
@@ -398,7 +391,7 @@ def serving_summary(
     *,
     warmup_s: float,
     interval_s: float,
-    classify: Any,
+    classify: Callable[[list[dict[str, Any]], float | None, int], dict[str, Any]],
     backend: str = "postgres",
 ) -> dict[str, Any]:
     """The serving stage of one run: the backend, percentiles of unified commit → served
@@ -435,7 +428,7 @@ def serving_summary(
         f"SELECT count(*) FROM samples_arrow s ANTI JOIN served v USING (message) WHERE {where}"
     ).fetchone()[0]
     series = over_time(con, "serve_samples", interval_s)
-    verdict = with_unseen(classify(series, e2e["p99"]), int(not_served))
+    verdict = classify(series, e2e["p99"], int(not_served))
     return {
         "backend": backend,
         "samples": int(stage["samples"]),

@@ -143,6 +143,7 @@ class OpenSearchServingRun(ServingRun):
     an index of this run's own), the sink with the run's refresh interval, the reader."""
 
     backend = "opensearch"
+    rows_key = "indexed_docs"
 
     def __init__(
         self,

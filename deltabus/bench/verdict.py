@@ -75,30 +75,20 @@ def backlog_at_end_s(series: list[dict[str, Any]], warmup_s: float) -> float | N
     return round(median(tail), 4)
 
 
-def with_unseen(verdict: dict[str, Any], unseen: int) -> dict[str, Any]:
-    """`verdict` once `unseen` messages after the warm-up were never seen within the grace
-    period: a run that did not deliver every message did not keep up (behind), whatever
-    its seen messages' latencies say."""
-    if not unseen or verdict["verdict"] == BEHIND:
-        return verdict
-    return verdict | {
-        "verdict": BEHIND,
-        "unseen_after_warmup": unseen,
-        "rule": verdict["rule"] + "; behind too when a message was never seen within the grace",
-    }
-
-
 def classify(
     series: list[dict[str, Any]],
     warmup_s: float,
     p99_s: float | None,
     commit_interval_s: float | None,
+    unseen: int = 0,
 ) -> dict[str, Any]:
-    """The verdict of one run, with the figures it rests on."""
+    """The verdict of one run, with the figures it rests on. `unseen`: messages after the
+    warm-up never seen within the grace period; a run that did not deliver every message
+    did not keep up (behind), whatever its seen messages' latencies say."""
     bound = p99_bound_s(commit_interval_s)
     growth = lag_growth(series, warmup_s)
     backlog = backlog_at_end_s(series, warmup_s)
-    if growth["grows"] or (backlog is not None and backlog > bound):
+    if unseen or growth["grows"] or (backlog is not None and backlog > bound):
         verdict = BEHIND
     elif p99_s is not None and p99_s > bound:
         verdict = OVER_BOUND
@@ -109,9 +99,11 @@ def classify(
         "p99_bound_s": bound,
         "backlog_at_end_s": backlog,
         **growth,
+        **({"unseen_after_warmup": unseen} if unseen else {}),
         "rule": (
             f"behind: Q4 p50 - Q2 p50 > max({GROWTH_MIN_S} s, {GROWTH_REL:.0%} of Q2 p50) with a "
-            f"p50 trend >= {MIN_SLOPE} s/s, or the last tenth's p50 > {bound:g} s; over bound: "
-            f"p99 > {bound:g} s (= max({BOUND_FLOOR_S:g} s, {BOUND_INTERVALS} x commit interval))"
+            f"p50 trend >= {MIN_SLOPE} s/s, or the last tenth's p50 > {bound:g} s, or a message "
+            f"never seen within the grace; over bound: p99 > {bound:g} s "
+            f"(= max({BOUND_FLOOR_S:g} s, {BOUND_INTERVALS} x commit interval))"
         ),
     }
