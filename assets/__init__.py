@@ -16,6 +16,7 @@ from assets.indexing import INDEXING_CHECKS, indexed_unified
 from assets.latency import latency_percentiles, p99_within_limit
 from assets.operations import etl_service_start_job, etl_service_stop_job, maintenance_job
 from assets.serving import SERVING_CHECKS, served_unified
+from assets.streams import consumer_groups_within_lag, declared_streams, streams_sensor
 from assets.tables import results_csv, stream_window
 
 ASSETS = [
@@ -25,6 +26,7 @@ ASSETS = [
     benchmark_report,
     served_unified,
     indexed_unified,
+    declared_streams,
 ]
 ASSET_CHECKS = [
     *UNIFIED_CHECKS,
@@ -32,6 +34,7 @@ ASSET_CHECKS = [
     etl_service_health,
     *SERVING_CHECKS,
     *INDEXING_CHECKS,
+    consumer_groups_within_lag,
 ]
 JOBS = [
     pipeline_job,
@@ -41,7 +44,7 @@ JOBS = [
     etl_service_start_job,
     etl_service_stop_job,
 ]
-SENSORS = [unified_commits_sensor, etl_service_sensor]
+SENSORS = [unified_commits_sensor, etl_service_sensor, streams_sensor]
 SCHEDULES = [nightly_benchmark_schedule, hourly_maintenance_schedule]
 
 __all__ = ["ASSETS", "ASSET_CHECKS", "JOBS", "SCHEDULES", "SENSORS"]

@@ -26,7 +26,9 @@ __all__ = [
     "Producer",
     "RecordError",
     "StorageError",
+    "Source",
     "Stream",
+    "Transform",
     "connect",
 ]
 
@@ -40,7 +42,9 @@ _HOMES = {
     "Producer": "deltabus.bus.producer",
     "RecordError": "deltabus.bus.producer",
     "StorageError": "deltabus.errors",
+    "Source": "deltabus.bus.transform",
     "Stream": "deltabus.bus.streams",
+    "Transform": "deltabus.bus.transform",
     "connect": "deltabus.bus.client",
 }
 
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from deltabus.bus.consumer import Batch, Consumer
     from deltabus.bus.producer import Producer, RecordError
     from deltabus.bus.streams import Stream
+    from deltabus.bus.transform import Source, Transform
     from deltabus.errors import ConfigError, DeltabusError, StorageError
 
 

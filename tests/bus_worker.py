@@ -3,6 +3,7 @@ tests that SIGKILL one. Uses the public API only; the lake comes from the enviro
 
     python -m tests.bus_worker produce ID COUNT       # orders ID*10^9 + offset, keyed
     python -m tests.bus_worker consume GROUP OUT_FILE # one JSON line per batch
+    python -m tests.bus_worker transform              # orders -> orders_eur, every partition
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import deltabus
 
@@ -70,8 +72,39 @@ def consume(group: str, out: str) -> None:
             sink.flush()
 
 
+EUR_SCHEMA = pa.schema(
+    [("order_id", pa.int64()), ("amount_eur", pa.float64()), ("customer", pa.string())]
+)
+
+
+def to_eur(rows: pa.Table, source: deltabus.Source) -> pa.Table:
+    """Orders in euros; a retracted order (diff -1) is left out."""
+    kept = rows.filter(pc.greater(rows.column("diff"), 0))
+    return pa.table(
+        {
+            "order_id": kept.column("order_id"),
+            "amount_eur": pc.multiply(kept.column("amount"), 0.9),
+            "customer": kept.column("customer"),
+        }
+    )
+
+
+def transform() -> None:
+    bus = deltabus.connect()
+    partitions = bus.stream("orders").partitions
+    parts = [bus.transform("eur", "orders", "orders_eur", p, to_eur) for p in range(partitions)]
+    while True:
+        covered = sum(t.step() for t in parts)
+        if covered:
+            print(json.dumps({"covered": covered}), flush=True)
+        else:
+            time.sleep(0.05)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "produce":
         produce(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "transform":
+        transform()
     else:
         consume(sys.argv[2], sys.argv[3])

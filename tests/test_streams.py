@@ -380,3 +380,56 @@ def test_streams_from_the_command_line(minio_lake: Lake, tmp_path: Path) -> None
     assert all(p["lag"] == 0 for p in partitions.values())
     unknown = run_cli(["consume", "--stream", "clicks", "--group", "cli"], env, tmp_path)
     assert unknown.returncode == 2 and "no stream 'clicks'" in unknown.stderr
+
+
+def test_a_transform_sigkilled_and_restarted_writes_each_order_once(
+    minio_lake: Lake, tmp_path: Path
+) -> None:
+    from tests.bus_worker import EUR_SCHEMA, order
+
+    lake = minio_lake
+    bus = bus_of(lake)
+    bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    eur = bus.create_stream("orders_eur", EUR_SCHEMA, partitions=4, key="customer")
+    done = threading.Event()
+
+    def produce() -> None:
+        with bus.producer("orders", "shop", commit_interval_ms=0) as producer:
+            for start in range(0, 2000, 50):
+                rows = [order(3, o) for o in range(start, start + 50)]
+                producer.send_batch(pa.Table.from_pylist(rows))
+                producer.flush()
+                time.sleep(0.2)
+        done.set()
+
+    feeder = threading.Thread(target=produce, daemon=True)
+    feeder.start()
+    worker = Worker(lake, "transform")
+    try:
+        deadline = time.monotonic() + 60
+        while sum(1 for line in worker.lines if "covered" in line) < 3:
+            assert time.monotonic() < deadline and worker.process.poll() is None, worker.lines
+            time.sleep(0.05)
+        worker.kill()  # between output commits, or in the middle of one
+        assert not done.is_set(), "the producer finished before the transform was killed"
+        worker = Worker(lake, "transform")
+        feeder.join(120)
+        expected = {3 * ID_BASE + o for o in range(2000)}
+        deadline = time.monotonic() + 60
+        while True:
+            out: Counter = Counter()
+            for table in eur.tables:
+                dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+                out.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
+            if set(out) == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert set(out) == expected and max(out.values()) == 1
+        sample = DeltaTable(lake.uri(eur.tables[0]), storage_options=lake.storage_options)
+        rows = sample.to_pyarrow_table().to_pylist()
+        assert all(
+            r["amount_eur"] == pytest.approx((r["order_id"] - 3 * ID_BASE) * 0.25 * 0.9)
+            for r in rows
+        )
+    finally:
+        worker.stop()

@@ -8,9 +8,10 @@ from typing import Any
 import pyarrow as pa
 
 from deltabus.bus.consumer import Consumer
-from deltabus.bus.groups import DEFAULT_TTL_S, Group
+from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
 from deltabus.bus.producer import DEFAULT_COMMIT_INTERVAL_MS, Producer
 from deltabus.bus.streams import Stream, create_stream, get_stream, list_streams
+from deltabus.bus.transform import Transform, TransformFn
 from deltabus.lake import Lake
 from deltabus.settings import load_settings
 
@@ -64,18 +65,32 @@ class Bus:
             ttl_s=ttl_s,
         )
 
+    def transform(
+        self, name: str, inputs: str | list[str], output: str, partition: int, fn: TransformFn
+    ) -> Transform:
+        """Partition `partition` of an exactly-once transform from `inputs` to `output`
+        (deltabus.bus.transform); call `.run(stop)` or `.step()`."""
+        names = [inputs] if isinstance(inputs, str) else list(inputs)
+        return Transform(
+            self.lake, name, [self.stream(n) for n in names], self.stream(output), partition, fn
+        )
+
+    def groups(self) -> list[str]:
+        """The consumer groups that have members or positions in the lake, sorted."""
+        return list_groups(self.lake)
+
     def describe_group(self, group: str, streams: list[str] | None = None) -> dict[str, Any]:
-        """Members, and per partition its holder, position and lag (versions landed that
-        the group has not committed)."""
+        """Live members, and per partition table its holder, position and lag: the
+        versions landed that the group has not committed (None: never read)."""
         names = streams if streams is not None else self.streams()
         tables = [t for n in names for t in self.stream(n).tables]
         described = Group(self.lake, group).describe(tables)
         for table, state in described["partitions"].items():
-            latest = int(self.lake.open(table).version())
-            position = 0 if state is None else state["position"]
             if state is None:
-                described["partitions"][table] = {"member": None, "position": None}
-            described["partitions"][table]["lag"] = max(0, latest + 1 - position)
+                described["partitions"][table] = {"member": None, "position": None, "lag": None}
+                continue
+            latest = int(self.lake.open(table).version())
+            state["lag"] = max(0, latest + 1 - state["position"])
         return described
 
 

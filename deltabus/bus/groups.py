@@ -188,6 +188,20 @@ class Group:
         }
 
 
+def list_groups(lake: Lake) -> list[str]:
+    """The groups with members or positions in the lake (one LIST), sorted."""
+
+    def listed() -> list[str]:
+        names: set[str] = set()
+        for chunk in obstore.list(lake.object_store, prefix=f"{GROUPS_PREFIX}/"):
+            for meta in chunk:
+                rest = str(meta["path"]).split(f"{GROUPS_PREFIX}/", 1)[-1]
+                names.add(rest.split("/", 1)[0])
+        return sorted(names)
+
+    return retry_storage(listed, what="list the consumer groups")
+
+
 def assignment(partitions: list[str], members: list[str], member: str) -> list[str]:
     """The partitions dealt to `member`: partition j of the sorted list goes to member
     j mod N of the sorted live members (none when `member` is not among them)."""

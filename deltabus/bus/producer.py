@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from deltabus.bus.streams import Stream, show_schema
+from deltabus.bus.streams import Stream, show_schema, written_types
 from deltabus.checkpoints import BackgroundCheckpointer
 from deltabus.errors import ConfigError
 from deltabus.fast_append import TableAppender
@@ -137,8 +137,7 @@ class Producer:
             self.appenders.append(TableAppender(self.lake, table, dt))
             self.checkpointers.append(BackgroundCheckpointer(self.lake, table))
             if types is None:
-                held = pa.schema(dt.schema().to_arrow())
-                types = pa.schema([held.field(name) for name in self.stream.schema.names])
+                types = written_types(dt, self.stream.schema)
         assert types is not None
         return types
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -223,6 +224,13 @@ def _added_columns(recorded: Stream, wanted: Stream) -> list[pa.Field]:
 def show_schema(schema: pa.Schema) -> str:
     """`name type[ not null], ...`: a schema on one line, for messages."""
     return ", ".join(f"{f.name} {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+
+
+def written_types(dt: Any, schema: pa.Schema) -> pa.Schema:
+    """`schema`'s columns with the types the Delta table `dt` stores them as (timestamps
+    in microseconds): what rows are cast to before they are appended."""
+    held = pa.schema(dt.schema().to_arrow())
+    return pa.schema([held.field(name) for name in schema.names])
 
 
 def _create_tables(lake: Lake, stream: Stream) -> None:
