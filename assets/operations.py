@@ -13,6 +13,7 @@ from dagster_aws.s3 import S3Resource
 from pydantic import Field
 
 from assets.common import markdown_table
+from deltabus.bus.client import Bus
 from deltabus.errors import DeltabusError
 from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE
 from deltabus.maintenance import DEFAULT_TABLES, maintain
@@ -30,6 +31,9 @@ class MaintenanceConfig(Config):
         description="Vacuum files older than this; must exceed the slowest reader's lag.",
     )
     tables: list[str] = Field(default=list(DEFAULT_TABLES), description="Tables to maintain.")
+    streams: bool = Field(
+        default=True, description="Also every table of every stream declared in the lake."
+    )
 
 
 @op(description="Compact small files, checkpoint the Delta log and vacuum old files.")
@@ -43,7 +47,11 @@ def maintain_lake(
             s3.get_client(), lk.settings.bucket, lk.settings.prefix
         )
     before = listing() if listing else {}
-    results = maintain(lk, tuple(config.tables), config.retention_hours)
+    tables = list(config.tables)
+    if config.streams:
+        bus = Bus(lk)
+        tables += [t for n in bus.streams() for t in bus.stream(n).tables if t not in tables]
+    results = maintain(lk, tuple(tables), config.retention_hours)
     after = listing() if listing else {}
     rows = []
     for r in results:

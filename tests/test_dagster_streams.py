@@ -93,3 +93,26 @@ def test_streams_sensor_records_streams_and_group_lag(lake: Lake) -> None:
     on_demand = consumer_groups_within_lag(lake=LakeResource())
     assert on_demand.passed
     assert on_demand.metadata["max_versions_behind"].value == max(behind)
+
+
+def test_maintenance_job_compacts_every_declared_stream(lake: Lake) -> None:
+    from definitions import build_definitions
+
+    bus = deltabus.Bus(lake)
+    orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=2, key="customer")
+    for start in range(0, 100, 20):  # five flushes: up to five files per partition
+        produce(bus, start, 20)
+
+    def files() -> list[int]:
+        return [len(bus.lake.open(t).file_uris()) for t in orders.tables]
+
+    assert max(files()) > 1
+    job = build_definitions(resources()).resolve_job_def("maintenance_job")
+    result = job.execute_in_process(
+        run_config={"ops": {"maintain_lake": {"config": {"retention_hours": 0}}}},
+        instance=DagsterInstance.ephemeral(),
+    )
+    assert result.success
+    assert files() == [1, 1]
+    total = sum(bus.lake.open(t).to_pyarrow_table().num_rows for t in orders.tables)
+    assert total == 100
