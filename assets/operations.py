@@ -47,11 +47,14 @@ def maintain_lake(
             s3.get_client(), lk.settings.bucket, lk.settings.prefix
         )
     before = listing() if listing else {}
-    tables = list(config.tables)
+    tables, uncompacted = list(config.tables), set()
     if config.streams:
         bus = Bus(lk)
-        tables += [t for n in bus.streams() for t in bus.stream(n).tables if t not in tables]
-    results = maintain(lk, tuple(tables), config.retention_hours)
+        for stream in (bus.stream(n) for n in bus.streams()):
+            tables += [t for t in stream.tables if t not in tables]
+            if not stream.settings.compaction:
+                uncompacted.update(stream.tables)
+    results = maintain(lk, tuple(tables), config.retention_hours, frozenset(uncompacted))
     after = listing() if listing else {}
     rows = []
     for r in results:

@@ -28,6 +28,7 @@ __all__ = [
     "StorageError",
     "Source",
     "Stream",
+    "StreamSettings",
     "Transform",
     "connect",
 ]
@@ -44,6 +45,7 @@ _HOMES = {
     "StorageError": "deltabus.errors",
     "Source": "deltabus.bus.transform",
     "Stream": "deltabus.bus.streams",
+    "StreamSettings": "deltabus.bus.streams",
     "Transform": "deltabus.bus.transform",
     "connect": "deltabus.bus.client",
 }
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
     from deltabus.bus.client import Bus, connect
     from deltabus.bus.consumer import Batch, Consumer
     from deltabus.bus.producer import Producer, RecordError
-    from deltabus.bus.streams import Stream
+    from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform
     from deltabus.errors import ConfigError, DeltabusError, StorageError
 

@@ -37,10 +37,12 @@ class TableMaintenance:
         return asdict(self)
 
 
-def maintain_table(lake: Lake, table: str, retention_hours: float) -> TableMaintenance:
+def maintain_table(
+    lake: Lake, table: str, retention_hours: float, compaction: bool = True
+) -> TableMaintenance:
     dt = lake.open(table)
     before = dt.version()
-    compacted, added = _compact(lake, table, dt)
+    compacted, added = _compact(lake, table, dt) if compaction else (0, 0)
     retry_storage(dt.update_incremental, what=f"load {table}")
     retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
     checkpoint = dt.version()
@@ -82,16 +84,20 @@ def _compact(lake: Lake, table: str, dt: DeltaTable) -> tuple[int, int]:
 
 
 def maintain(
-    lake: Lake, tables: tuple[str, ...] = DEFAULT_TABLES, retention_hours: float = 24.0
+    lake: Lake,
+    tables: tuple[str, ...] = DEFAULT_TABLES,
+    retention_hours: float = 24.0,
+    uncompacted: frozenset[str] = frozenset(),
 ) -> list[TableMaintenance]:
-    """Maintain every existing table; `retention_hours` must exceed any reader's lag."""
+    """Maintain every existing table; `retention_hours` must exceed any reader's lag.
+    Tables in `uncompacted` are checkpointed and vacuumed but not compacted."""
     if retention_hours < 0:
         raise ConfigError(f"retention must be >= 0 hours, got {retention_hours}")
     done = []
     for table in tables:
         if not lake.exists(table):
             continue
-        result = maintain_table(lake, table, retention_hours)
+        result = maintain_table(lake, table, retention_hours, table not in uncompacted)
         log.info("maintained %s: %s", table, result.as_dict())
         done.append(result)
     return done

@@ -116,10 +116,42 @@ def streams_create(
     key: Annotated[
         str | None, typer.Option(help="Column whose value picks a record's partition.")
     ] = None,
+    log_retention_s: Annotated[
+        int | None,
+        typer.Option(help="Keep log entries this long (default: the lake's log retention)."),
+    ] = None,
+    checkpoint_interval: Annotated[
+        int | None,
+        typer.Option(help="Checkpoint every this many versions (default: the lake's)."),
+    ] = None,
+    compaction: Annotated[
+        bool | None,
+        typer.Option(
+            "--compaction/--no-compaction",
+            help="Whether lake maintenance compacts the stream's files (default: yes).",
+        ),
+    ] = None,
 ) -> None:
     """Declare a stream (idempotent). Declaring it again with new nullable columns at
-    the end adds them; any other change is refused."""
-    stream = _bus().create_stream(name, parse_schema(schema), partitions=partitions, key=key)
+    the end adds them; settings given change the recorded ones; any other change is
+    refused."""
+    from deltabus.bus.streams import StreamSettings
+
+    bus = _bus()
+    given = {
+        "log_retention_s": log_retention_s,
+        "checkpoint_interval": checkpoint_interval,
+        "compaction": compaction,
+    }
+    settings = None
+    if any(v is not None for v in given.values()):
+        recorded = bus.stream(name).settings if name in bus.streams() else StreamSettings()
+        settings = StreamSettings(
+            **{k: (getattr(recorded, k) if v is None else v) for k, v in given.items()}
+        )
+    stream = bus.create_stream(
+        name, parse_schema(schema), partitions=partitions, key=key, settings=settings
+    )
     _print(_described(stream))
 
 

@@ -69,7 +69,9 @@ def table_configuration(lake: Lake) -> dict[str, str]:
     return config
 
 
-def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
+def ensure_table(
+    lake: Lake, table: str, schema: pa.Schema, properties: dict[str, str] | None = None
+) -> DeltaTable:
     """Open `table`, creating it empty with `schema` when it does not exist.
 
     Safe to call from several processes at once: a create that loses to another writer's
@@ -79,6 +81,7 @@ def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
         lake: the lake whose root holds the table.
         table: the table's name under the lake root (e.g. "timezone1").
         schema: the Arrow schema of a new table; an existing table keeps its own.
+        properties: table properties of a new table, over deltabus' own.
 
     Returns:
         The table, loaded at its latest version. A new one carries deltabus' table
@@ -98,7 +101,7 @@ def ensure_table(lake: Lake, table: str, schema: pa.Schema) -> DeltaTable:
                 lake.uri(table),
                 schema=schema,
                 mode="ignore",
-                configuration=table_configuration(lake),
+                configuration=table_configuration(lake) | (properties or {}),
                 storage_options=lake.storage_options,
             )
         except (CommitFailedError, DeltaError) as exc:

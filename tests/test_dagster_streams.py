@@ -100,19 +100,25 @@ def test_maintenance_job_compacts_every_declared_stream(lake: Lake) -> None:
 
     bus = deltabus.Bus(lake)
     orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=2, key="customer")
+    kept = bus.create_stream(
+        "audit", ORDERS_SCHEMA, settings=deltabus.StreamSettings(compaction=False)
+    )
     for start in range(0, 100, 20):  # five flushes: up to five files per partition
         produce(bus, start, 20)
+        with bus.producer("audit", "auditor", commit_interval_ms=0) as producer:
+            producer.send(order(6, start))
 
-    def files() -> list[int]:
-        return [len(bus.lake.open(t).file_uris()) for t in orders.tables]
+    def files(stream: deltabus.Stream) -> list[int]:
+        return [len(bus.lake.open(t).file_uris()) for t in stream.tables]
 
-    assert max(files()) > 1
+    assert max(files(orders)) > 1 and files(kept) == [5]
     job = build_definitions(resources()).resolve_job_def("maintenance_job")
     result = job.execute_in_process(
         run_config={"ops": {"maintain_lake": {"config": {"retention_hours": 0}}}},
         instance=DagsterInstance.ephemeral(),
     )
     assert result.success
-    assert files() == [1, 1]
+    assert files(orders) == [1, 1]
+    assert files(kept) == [5]  # its settings turn compaction off
     total = sum(bus.lake.open(t).to_pyarrow_table().num_rows for t in orders.tables)
     assert total == 100

@@ -433,3 +433,36 @@ def test_a_transform_sigkilled_and_restarted_writes_each_order_once(
         )
     finally:
         worker.stop()
+
+
+def test_stream_settings_are_recorded_and_set_on_the_tables(lake: Lake) -> None:
+    import obstore
+
+    bus = bus_of(lake)
+    clicks = pa.schema([("page", pa.string()), ("at", pa.int64())])
+    settings = deltabus.StreamSettings(log_retention_s=600, checkpoint_interval=3, compaction=False)
+    bus.create_stream("clicks", clicks, settings=settings)
+    assert bus.stream("clicks").settings == settings
+
+    def retention() -> str:
+        dt = DeltaTable(lake.uri("clicks"), storage_options=lake.storage_options)
+        return dt.metadata().configuration["delta.logRetentionDuration"]
+
+    assert retention() == "interval 600 seconds"
+    with bus.producer("clicks", "web", commit_interval_ms=0) as producer:
+        for i in range(4):  # versions 1-4: one of them is due for a checkpoint
+            producer.send({"page": f"/p{i}", "at": i})
+            producer.flush()
+    logged = [
+        str(m["path"]) for c in obstore.list(lake.object_store, "clicks/_delta_log/") for m in c
+    ]
+    assert any(path.endswith(".checkpoint.parquet") for path in logged), logged
+
+    assert bus.create_stream("clicks", clicks).revision == 0  # no settings: kept as recorded
+    changed = bus.create_stream(
+        "clicks", clicks, settings=deltabus.StreamSettings(log_retention_s=1200)
+    )
+    assert changed.revision == 1 and bus.stream("clicks").settings.log_retention_s == 1200
+    assert retention() == "interval 1200 seconds"
+    with pytest.raises(deltabus.ConfigError):
+        deltabus.StreamSettings(checkpoint_interval=0)

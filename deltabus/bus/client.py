@@ -10,7 +10,13 @@ import pyarrow as pa
 from deltabus.bus.consumer import Consumer
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
 from deltabus.bus.producer import DEFAULT_COMMIT_INTERVAL_MS, Producer
-from deltabus.bus.streams import Stream, create_stream, get_stream, list_streams
+from deltabus.bus.streams import (
+    Stream,
+    StreamSettings,
+    create_stream,
+    get_stream,
+    list_streams,
+)
 from deltabus.bus.transform import Transform, TransformFn
 from deltabus.lake import Lake
 from deltabus.settings import load_settings
@@ -23,11 +29,19 @@ class Bus:
         self.lake = lake
 
     def create_stream(
-        self, name: str, schema: pa.Schema, *, partitions: int = 1, key: str | None = None
+        self,
+        name: str,
+        schema: pa.Schema,
+        *,
+        partitions: int = 1,
+        key: str | None = None,
+        settings: StreamSettings | None = None,
     ) -> Stream:
-        """Declare a stream (idempotent; additive schema evolution): see
-        `deltabus.bus.streams.create_stream`."""
-        return create_stream(self.lake, name, schema, partitions=partitions, key=key)
+        """Declare a stream (idempotent; additive schema evolution; settings replace the
+        recorded ones when given): see `deltabus.bus.streams.create_stream`."""
+        return create_stream(
+            self.lake, name, schema, partitions=partitions, key=key, settings=settings
+        )
 
     def stream(self, name: str) -> Stream:
         """A declared stream; ConfigError naming the declared ones when it is not."""

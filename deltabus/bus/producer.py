@@ -129,13 +129,15 @@ class Producer:
         """Open every partition table; the Arrow types records are written with (Delta's:
         timestamps in microseconds)."""
         types: pa.Schema | None = None
+        properties = self.stream.settings.properties()
         for table in self.stream.tables:
             dt = retry_storage(
-                lambda t=table: ensure_table(self.lake, t, self.stream.schema),
+                lambda t=table: ensure_table(self.lake, t, self.stream.schema, properties),
                 what=f"open {table}",
             )
             self.appenders.append(TableAppender(self.lake, table, dt))
-            self.checkpointers.append(BackgroundCheckpointer(self.lake, table))
+            interval = self.stream.settings.checkpoint_interval
+            self.checkpointers.append(BackgroundCheckpointer(self.lake, table, interval))
             if types is None:
                 types = written_types(dt, self.stream.schema)
         assert types is not None

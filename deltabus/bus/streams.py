@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -37,8 +37,37 @@ RESERVED_COLUMNS = frozenset({"diff", "_diff", "_partition", "_version"})
 
 
 @dataclass(frozen=True)
+class StreamSettings:
+    """How a stream's tables are kept; None: the lake's setting.
+
+    `log_retention_s`: log entries older than this are removed at checkpoints (the
+    table property `delta.logRetentionDuration`); `checkpoint_interval`: a producer or
+    transform checkpoints every this many versions; `compaction`: whether lake
+    maintenance compacts the stream's small files."""
+
+    log_retention_s: int | None = None
+    checkpoint_interval: int | None = None
+    compaction: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("log_retention_s", "checkpoint_interval"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(
+                    f"stream setting {name} must be a positive integer, got {value!r}"
+                )
+
+    def properties(self) -> dict[str, str]:
+        """The table properties these settings set."""
+        if self.log_retention_s is None:
+            return {}
+        return {"delta.logRetentionDuration": f"interval {self.log_retention_s} seconds"}
+
+
+@dataclass(frozen=True)
 class Stream:
-    """A declared stream: its name, schema, partition count and default key column.
+    """A declared stream: its name, schema, partition count, default key column and
+    settings.
 
     `key`: the column whose value a producer hashes to pick a record's partition when
     `send` is given no key (None: records go to partitions in sticky spans)."""
@@ -48,6 +77,7 @@ class Stream:
     partitions: int = 1
     key: str | None = None
     revision: int = 0  # of the declaration in the lake (0: the first)
+    settings: StreamSettings = StreamSettings()
 
     def __post_init__(self) -> None:
         if not STREAM_NAME.fullmatch(self.name) or self.name in RESERVED:
@@ -93,12 +123,15 @@ class Stream:
                 {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.schema
             ],
             "schema_ipc": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "settings": asdict(self.settings),
         }
 
     @classmethod
     def from_record(cls, body: dict, revision: int) -> Stream:
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema_ipc"])))
-        return cls(body["name"], schema, int(body["partitions"]), body.get("key"), revision)
+        settings = StreamSettings(**body.get("settings", {}))
+        partitions, key = int(body["partitions"]), body.get("key")
+        return cls(body["name"], schema, partitions, key, revision, settings)
 
 
 def _prefix(name: str) -> str:
@@ -145,6 +178,7 @@ def create_stream(
     *,
     partitions: int = 1,
     key: str | None = None,
+    settings: StreamSettings | None = None,
 ) -> Stream:
     """Declare stream `name` and create its partition tables; idempotent.
 
@@ -154,6 +188,8 @@ def create_stream(
         schema: the Arrow schema of its records.
         partitions: how many tables (and Delta logs) carry it; fixed once declared.
         key: the column producers hash by default to choose a partition.
+        settings: log retention, checkpoint interval and compaction (None: as recorded,
+            or the lake's for a new stream); other settings change the recorded ones.
 
     Returns:
         The stream as recorded: the same declaration again returns it unchanged; a
@@ -166,7 +202,7 @@ def create_stream(
     Example:
         `create_stream(lake, "orders", pa.schema([("id", pa.int64())]), partitions=4)`
     """
-    wanted = Stream(name, schema, partitions, key)
+    wanted = Stream(name, schema, partitions, key, settings=settings or StreamSettings())
     store = lake.object_store
     while True:
         current = record_log.latest(store, _prefix(name))
@@ -177,10 +213,13 @@ def create_stream(
             continue  # declared meanwhile: check against that declaration
         recorded = Stream.from_record(current.body, current.seq)
         added = _added_columns(recorded, wanted)
-        if not added:
+        kept = recorded.settings if settings is None else settings
+        if not added and kept == recorded.settings:
             return recorded
         _add_columns(lake, recorded, added)
-        evolved = Stream(name, schema, partitions, key, current.seq + 1)
+        if kept != recorded.settings:
+            _set_properties(lake, recorded, kept)
+        evolved = replace(wanted, revision=current.seq + 1, settings=kept)
         if record_log.claim(store, _prefix(name), current.seq + 1, evolved.record()):
             return evolved
 
@@ -235,7 +274,26 @@ def written_types(dt: Any, schema: pa.Schema) -> pa.Schema:
 
 def _create_tables(lake: Lake, stream: Stream) -> None:
     for table in stream.tables:
-        ensure_table(lake, table, stream.schema)
+        ensure_table(lake, table, stream.schema, stream.settings.properties())
+
+
+def _set_properties(lake: Lake, stream: Stream, settings: StreamSettings) -> None:
+    """Set the table properties `settings` asks for on every partition table (a
+    retention going back to the lake's takes the lake's value)."""
+    from deltabus.tables import table_configuration
+
+    wanted = settings.properties()
+    if not wanted and stream.settings.properties():
+        lakes = table_configuration(lake).get("delta.logRetentionDuration")
+        wanted = {"delta.logRetentionDuration": lakes or "interval 30 days"}
+    if not wanted:
+        return
+    for table in stream.tables:
+        dt = ensure_table(lake, table, stream.schema)
+        retry_storage(
+            lambda dt=dt: dt.alter.set_table_properties(wanted, raise_if_not_exists=False),
+            what=f"set the properties of {table}",
+        )
 
 
 def _add_columns(lake: Lake, stream: Stream, added: list[pa.Field]) -> None:

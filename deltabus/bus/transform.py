@@ -90,12 +90,16 @@ class Transform:
         self.partition = partition
         self.fn = fn
         self.table = output.table(partition)
+        properties = output.settings.properties()
         dt = retry_storage(
-            lambda: ensure_table(lake, self.table, output.schema), what=f"open {self.table}"
+            lambda: ensure_table(lake, self.table, output.schema, properties),
+            what=f"open {self.table}",
         )
         self.appender = TableAppender(lake, self.table, dt)
         self.types = written_types(dt, output.schema)
-        self.checkpointer = BackgroundCheckpointer(lake, self.table)
+        self.checkpointer = BackgroundCheckpointer(
+            lake, self.table, output.settings.checkpoint_interval
+        )
         self.app_id = f"transform:{name}:p{partition}"
         self.seq = (self.appender.transaction_version(self.app_id) or 0) + 1
         self.tails: dict[str, tuple[Stream, DeltaLogTail]] = {}
