@@ -116,10 +116,10 @@ def test_a_record_that_does_not_fit_is_refused_and_nothing_is_written(lake: Lake
 class Worker:
     """A `tests.bus_worker` process whose JSON lines are collected as they come."""
 
-    def __init__(self, lake: Lake, *args: str) -> None:
+    def __init__(self, lake: Lake, *args: str, module: str = "tests.bus_worker") -> None:
         env = lake_env(lake) | {"PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bus_worker", *args],
+            [sys.executable, "-m", module, *args],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -144,6 +144,11 @@ class Worker:
                 raise AssertionError(f"worker exited: {self.process.stderr.read()[-3000:]}")  # type: ignore[union-attr]
             assert time.monotonic() < deadline, f"no such line in {self.lines[-3:]}"
             time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            err = self.process.stderr.read()[-3000:]  # type: ignore[union-attr]
+            raise AssertionError(f"worker exited with {self.process.returncode}: {err}")
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -382,59 +387,6 @@ def test_streams_from_the_command_line(minio_lake: Lake, tmp_path: Path) -> None
     assert unknown.returncode == 2 and "no stream 'clicks'" in unknown.stderr
 
 
-def test_a_transform_sigkilled_and_restarted_writes_each_order_once(
-    minio_lake: Lake, tmp_path: Path
-) -> None:
-    from tests.bus_worker import EUR_SCHEMA, order
-
-    lake = minio_lake
-    bus = bus_of(lake)
-    bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
-    eur = bus.create_stream("orders_eur", EUR_SCHEMA, partitions=4, key="customer")
-    done = threading.Event()
-
-    def produce() -> None:
-        with bus.producer("orders", "shop", commit_interval_ms=0) as producer:
-            for start in range(0, 2000, 50):
-                rows = [order(3, o) for o in range(start, start + 50)]
-                producer.send_batch(pa.Table.from_pylist(rows))
-                producer.flush()
-                time.sleep(0.2)
-        done.set()
-
-    feeder = threading.Thread(target=produce, daemon=True)
-    feeder.start()
-    worker = Worker(lake, "transform")
-    try:
-        deadline = time.monotonic() + 60
-        while sum(1 for line in worker.lines if "covered" in line) < 3:
-            assert time.monotonic() < deadline and worker.process.poll() is None, worker.lines
-            time.sleep(0.05)
-        worker.kill()  # between output commits, or in the middle of one
-        assert not done.is_set(), "the producer finished before the transform was killed"
-        worker = Worker(lake, "transform")
-        feeder.join(120)
-        expected = {3 * ID_BASE + o for o in range(2000)}
-        deadline = time.monotonic() + 60
-        while True:
-            out: Counter = Counter()
-            for table in eur.tables:
-                dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
-                out.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
-            if set(out) == expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-        assert set(out) == expected and max(out.values()) == 1
-        sample = DeltaTable(lake.uri(eur.tables[0]), storage_options=lake.storage_options)
-        rows = sample.to_pyarrow_table().to_pylist()
-        assert all(
-            r["amount_eur"] == pytest.approx((r["order_id"] - 3 * ID_BASE) * 0.25 * 0.9)
-            for r in rows
-        )
-    finally:
-        worker.stop()
-
-
 def test_stream_settings_are_recorded_and_set_on_the_tables(lake: Lake) -> None:
     import obstore
 
@@ -466,3 +418,65 @@ def test_stream_settings_are_recorded_and_set_on_the_tables(lake: Lake) -> None:
     assert retention() == "interval 1200 seconds"
     with pytest.raises(deltabus.ConfigError):
         deltabus.StreamSettings(checkpoint_interval=0)
+
+
+@pytest.mark.parametrize("engine", ["transform", "pathway"])
+def test_a_link_sigkilled_and_restarted_writes_each_order_once(
+    minio_lake: Lake, engine: str
+) -> None:
+    """orders -> orders_eur by the bus' transform or by a Pathway program through the
+    connector, killed mid-stream and started again: every order lands once."""
+    from tests.bus_worker import EUR_SCHEMA, order
+
+    lake = minio_lake
+    bus = bus_of(lake)
+    bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    eur = bus.create_stream("orders_eur", EUR_SCHEMA, partitions=4, key="customer")
+    done = threading.Event()
+
+    def produce() -> None:
+        with bus.producer("orders", "shop", commit_interval_ms=0) as producer:
+            for start in range(0, 2000, 50):
+                rows = [order(3, o) for o in range(start, start + 50)]
+                producer.send_batch(pa.Table.from_pylist(rows))
+                producer.flush()
+                time.sleep(0.2)
+        done.set()
+
+    def written() -> Counter:
+        out: Counter = Counter()
+        for table in eur.tables:
+            dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+            out.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
+        return out
+
+    feeder = threading.Thread(target=produce, daemon=True)
+    feeder.start()
+
+    def start() -> Worker:
+        if engine == "pathway":
+            return Worker(lake, module="tests.bus_pathway_worker")
+        return Worker(lake, "transform")
+
+    worker = start()
+    try:
+        deadline = time.monotonic() + 90
+        while sum(written().values()) < 300:
+            assert time.monotonic() < deadline, worker.lines
+            worker.check_alive()
+            time.sleep(0.1)
+        worker.kill()  # between output commits, or in the middle of one
+        assert not done.is_set(), "the producer finished before the link was killed"
+        worker = start()
+        feeder.join(120)
+        expected = {3 * ID_BASE + o for o in range(2000)}
+        deadline = time.monotonic() + 90
+        while set(out := written()) != expected and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert set(out) == expected and max(out.values()) == 1
+        sample = DeltaTable(lake.uri(eur.tables[0]), storage_options=lake.storage_options)
+        for row in sample.to_pyarrow_table().to_pylist():
+            amount = (row["order_id"] - 3 * ID_BASE) * 0.25 * 0.9
+            assert row["amount_eur"] == pytest.approx(amount)
+    finally:
+        worker.stop()

@@ -1,0 +1,1 @@
+"""Connectors: other engines reading and writing deltabus streams."""
