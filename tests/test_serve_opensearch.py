@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from deltabus.lake import UNIFIED_TABLE, Lake
@@ -32,7 +33,7 @@ from deltabus.local_opensearch import OpenSearchNode, http_json
 from deltabus.serving import opensearch_connection as osc
 from deltabus.serving.opensearch import IndexReport, OpenSearchSink
 from deltabus.serving.opensearch_compare import compare_index, indexed, indexed_position
-from deltabus.serving.opensearch_target import POSITION_INDEX, document_id
+from deltabus.serving.opensearch_target import POSITION_INDEX, OpenSearchTarget, document_id
 from deltabus.serving.sink_loop import ServeConfig
 from tests.conftest import lake_env, run_cli
 from tests.helpers import wait_for_file
@@ -200,6 +201,67 @@ def test_retractions_and_updates_reach_the_index(lake: Lake, opensearch: OpenSea
     assert fresh.snapshot_docs == 7 and fresh.version == last
     assert content(url, other) == content(url, index)
     assert {v for v, _ in stored_versions(url, other).values()} == {last}
+
+
+def unassign_shards(url: str, index: str, unassigned: bool) -> None:
+    """Take `index`'s only shard out of service (closed, then reopened bound to a node
+    that does not exist), or put it back, as a node recovering after a restart has it."""
+    client = osc.client(url)
+    try:
+        if unassigned:
+            client.indices.close(index=index)
+            rule = {"index.routing.allocation.require._name": "no-such-node"}
+            client.indices.put_settings(index=index, body=rule)
+            client.indices.open(index=index, wait_for_active_shards=0)
+        else:
+            rule = {"index.routing.allocation.require._name": None}
+            client.indices.put_settings(index=index, body=rule)
+        wanted = {"red"} if unassigned else {"green", "yellow"}
+        deadline = time.monotonic() + 30
+        while client.cluster.health(index=index)["status"] not in wanted:
+            assert time.monotonic() < deadline, f"{index} did not turn {wanted}"
+            time.sleep(0.2)
+    finally:
+        client.close()
+
+
+def test_a_retraction_waits_for_a_shard_that_is_not_serving_yet(
+    lake: Lake, opensearch: OpenSearch
+) -> None:
+    """A document the index cannot read yet is not taken for gone: the batch fails as
+    transient, the position stays, and the retry deletes it once the shard serves."""
+    url = opensearch.url
+    writer = UnifiedWriter(lake)
+    first = writer.commit([("a", 1.0, 1), ("b", 2.0, 1)])
+    index = index_name()
+    serve_once(lake, url, index)
+    last = writer.commit([("b", 2.0, -1)])
+    retraction = pa.table(
+        {
+            "message": ["b"],
+            "timestamp": [2.0],
+            "time": [0],
+            "diff": [-1],
+            "_commit_version": pa.array([last], pa.int64()),
+        }
+    )
+    target = OpenSearchTarget(url, index, source=lake.uri(UNIFIED_TABLE))
+    target.open(checked=False)
+    try:
+        changes = target.changes(retraction)
+        unassign_shards(url, index, unassigned=True)
+        with pytest.raises(osc.ItemReadsFailed) as raised:
+            target.apply(changes, first, last, 0)
+        assert target.is_transient(raised.value), raised.value.types
+        assert target.position() == first
+        unassign_shards(url, index, unassigned=False)
+        applied = target.apply(changes, first, last, 0)
+    finally:
+        target.close()
+    assert applied.deleted == 1 and applied.already_applied == 0
+    assert content(url, index) == {"a": 1.0}
+    assert_index_equals_unified(lake, url, index, docs=1)
+    assert_position(url, index, last)
 
 
 def test_upstream_deletes_and_updates_reach_the_index(

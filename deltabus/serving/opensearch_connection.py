@@ -127,6 +127,28 @@ class BulkItemsFailed(Exception):
         self.first = first
 
 
+# Error types of a multi-get item whose shard is not serving yet (a node recovering after
+# a restart, a relocation): the document's state is unknown, and will be known.
+UNAVAILABLE_SHARD_TYPES = frozenset(
+    {
+        "no_shard_available_action_exception",
+        "unavailable_shards_exception",
+        "shard_not_found_exception",
+        "primary_missing_action_exception",
+    }
+)
+
+
+class ItemReadsFailed(Exception):
+    """Some documents of a multi-get could not be read: `types` are OpenSearch's error
+    types for them, `first` the first failure's type and reason."""
+
+    def __init__(self, types: list[str], first: str) -> None:
+        super().__init__(f"{len(types)} documents could not be read, first: {first}")
+        self.types = types
+        self.first = first
+
+
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status OpenSearch answered `exc` with (None: no answer at all)."""
     status = getattr(exc, "status_code", None)
@@ -135,8 +157,9 @@ def status_of(exc: BaseException) -> int | None:
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures an OpenSearch outage explains (it will come back): no answer
-    (connection refused, reset, timed out), 408, 429 and 5xx answers, and bulk operations
-    that failed only with those."""
+    (connection refused, reset, timed out), 408, 429 and 5xx answers, bulk operations
+    that failed only with those, and document reads that failed only on shards not
+    serving yet."""
     from opensearchpy.exceptions import ConnectionError as NoAnswer
     from opensearchpy.exceptions import SSLError, TransportError
 
@@ -144,6 +167,8 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, BulkItemsFailed):
         return all(transient_status(s) for s in exc.statuses)
+    if isinstance(exc, ItemReadsFailed):
+        return all(t in UNAVAILABLE_SHARD_TYPES for t in exc.types)
     if isinstance(exc, SSLError):
         return False
     if isinstance(exc, NoAnswer):

@@ -126,6 +126,18 @@ def _chunks(lines: list[tuple[str, str | None]]) -> Iterator[str]:
         yield "\n".join(body) + "\n"
 
 
+def _raise_unread(docs: list[dict[str, Any]]) -> None:
+    """Raise ItemReadsFailed when a multi-get answered some documents with an error
+    instead of their state. Such an item has no `found`: taking it for "gone" would skip
+    its delete for good (a node recovering its shards after a restart answers so)."""
+    errors = [doc["error"] for doc in docs if doc.get("error") is not None]
+    if errors:
+        types = [str(e.get("type")) if isinstance(e, dict) else str(e) for e in errors]
+        first = errors[0]
+        reason = first.get("reason") if isinstance(first, dict) else first
+        raise osc.ItemReadsFailed(types, f"{types[0]}: {reason}")
+
+
 def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -414,6 +426,7 @@ class OpenSearchTarget:
             docs = self.client.mget(
                 index=self.index, body={"ids": ids}, _source_includes="timestamp"
             )["docs"]
+            _raise_unread(docs)
             for message, doc_id, doc in zip(part, ids, docs, strict=True):
                 stamps, version = wanted[message]
                 held = doc.get("found") and doc["_source"].get("timestamp") in stamps
