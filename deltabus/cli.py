@@ -630,14 +630,33 @@ app.command("bench")(bench_command)
 app.command("store-check")(store_check_command)
 
 
+_terminated: list[int] = []  # the signal that ended the command, if SIGTERM did
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM raises KeyboardInterrupt where the main thread is, so that cleanups run
+    as on Ctrl-C (the command line may wrap it on its way up: the signal is noted)."""
+    _terminated.append(signum)
+    raise KeyboardInterrupt
+
+
 def main() -> None:
-    """Entry point: user-fixable problems print one clear message and exit with status 2."""
+    """Entry point: user-fixable problems print one clear message and exit with status 2.
+    SIGTERM stops a command as Ctrl-C does (its child processes are stopped too), unless
+    the command stops gracefully on it by itself."""
     apply_process_defaults()
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
+    except SystemExit as exc:
+        if _terminated and exc.code == 130:  # the command line's own answer to Ctrl-C
+            print("deltabus: terminated", file=sys.stderr)
+            sys.exit(128 + signal.SIGTERM)
+        raise
     except KeyboardInterrupt:
-        print("deltabus: interrupted", file=sys.stderr)
-        sys.exit(130)
+        terminated = bool(_terminated)
+        print(f"deltabus: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM if terminated else 130)
     except Exception as exc:
         # A storage failure the user must fix (read-only or full lake, access denied) may
         # surface from delta-rs, boto3 or Pathway anywhere in a command: find it in the

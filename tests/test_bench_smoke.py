@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -338,3 +341,55 @@ def test_backlog_recovery_rule() -> None:
     assert r["backlog_drained_s"] == pytest.approx(2.0)
     assert r["recovery_s_p99"] == pytest.approx(3.0)  # the 17 s bucket holds the backlog
     assert r["baseline_p99_s"] == pytest.approx(0.3)
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_stops_a_benchmark_and_everything_it_started(tmp_path: Path) -> None:
+    """SIGTERM is Ctrl-C for `deltabus bench`: its MinIO, producer, ETL and maintenance
+    stop with it, and it exits with status 143."""
+    marker = f"SIGTERM_TEST_MARK={uuid.uuid4().hex}"  # not DELTABUS_*: children keep it
+    env = {
+        **os.environ,
+        "DELTABUS_ENV_FILE": os.devnull,
+        marker.split("=")[0]: marker.split("=")[1],
+    }
+    args = ["bench", "--local-minio", "--rates", "2000", "--duration", "120", "--warmup", "1"]
+    args += ["--soak", "--maintenance-interval", "20", "--out", str(tmp_path / "out")]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "deltabus", *args],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert bench.stderr is not None
+        for line in bench.stderr:
+            if "producing" in line:
+                break
+        else:
+            raise AssertionError(f"the benchmark ended before producing: {bench.wait()}")
+        assert len(_processes_with(marker)) >= 3  # itself, MinIO, the producer and the ETL
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(90) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while (left := _processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:200] for pid in left]
+    finally:
+        if bench.poll() is None:
+            bench.kill()
