@@ -50,6 +50,7 @@ def test_everything_the_docs_name_is_defined():
         "benchmark_report",
         "served_unified",
         "indexed_unified",
+        "declared_streams",
     }
     assert {d.asset_key.to_user_string() for d in specs["timezone_unified"].deps} == set(
         INPUT_TABLES
@@ -78,7 +79,16 @@ def test_everything_the_docs_name_is_defined():
     assert schedules["nightly_benchmark_schedule"].cron_schedule == "0 3 * * *"
     assert schedules["nightly_benchmark_schedule"].job_name == "benchmark_job"
     assert schedules["hourly_maintenance_schedule"].cron_schedule == "0 * * * *"
-    assert {s.name for s in defs.sensors} == {"unified_commits_sensor", "etl_service_sensor"}
+    assert {s.name for s in defs.sensors} == {
+        "unified_commits_sensor",
+        "etl_service_sensor",
+        "streams_sensor",
+    }
+    assert specs["declared_streams"].partitions_def is not None
+    stream_checks = {
+        k.name for k in graph.asset_check_keys if k.asset_key.path == ["declared_streams"]
+    }
+    assert stream_checks == {"consumer_groups_within_lag"}
 
 
 def test_s3_resource_takes_credentials_from_env_var_names(monkeypatch: pytest.MonkeyPatch):

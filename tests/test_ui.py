@@ -192,7 +192,11 @@ def test_asset_graph_shows_the_pipeline(webserver: str, tmp_path: Path):
         "sensors { name } schedules { name } } } }",
     )["data"]["repositoryOrError"]
     assert {"pipeline_job", "etl_service_start_job"} <= {j["name"] for j in jobs["jobs"]}
-    assert {s["name"] for s in jobs["sensors"]} == {"unified_commits_sensor", "etl_service_sensor"}
+    assert {s["name"] for s in jobs["sensors"]} == {
+        "unified_commits_sensor",
+        "etl_service_sensor",
+        "streams_sensor",
+    }
 
 
 def test_latency_table_is_inline_on_the_asset_page(webserver: str, tmp_path: Path):
