@@ -13,7 +13,7 @@ help:  ## list the targets
 
 .venv/.synced: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q "uv==$(UV_VERSION)"
-	$(UV) sync --frozen --python 3.11
+	$(UV) sync --frozen --python 3.11 --extra bench
 	@touch $@
 
 venv: .venv/.synced  ## create the virtualenv with the pinned packages

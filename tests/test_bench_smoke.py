@@ -393,3 +393,29 @@ def test_sigterm_stops_a_benchmark_and_everything_it_started(tmp_path: Path) -> 
     finally:
         if bench.poll() is None:
             bench.kill()
+
+
+@pytest.mark.parametrize("absent", ["matplotlib", "confluent_kafka"])
+def test_bench_without_its_extra_says_how_to_install_it(tmp_path: Path, absent: str) -> None:
+    """Without the `bench` extra, `deltabus bench` is one clear error (exit 2) before any
+    run; confluent-kafka is needed only for the Kafka backbone."""
+    blocked = f"import sys; sys.modules[{absent!r}] = None"  # as if it were not installed
+    run = f"{blocked}; from deltabus.cli import main; main()"
+    env = {**os.environ, "DELTABUS_ENV_FILE": os.devnull, "DELTABUS_STORAGE": "local"}
+    for backbone, refused in (("delta", absent == "matplotlib"), ("kafka", True)):
+        # An invalid profile: past the extra's check, the run is refused before it starts.
+        args = ["bench", "--rates", "1000", "--backbone", backbone, "--profile", "nope"]
+        result = subprocess.run(
+            [sys.executable, "-c", run, *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if refused:
+            assert result.returncode == 2, result.stderr[-2000:]
+            assert "deltabus[bench]" in result.stderr and "Traceback" not in result.stderr
+        else:
+            assert result.returncode == 2 and "profile" in result.stderr, result.stderr[-2000:]
+            assert "deltabus[bench]" not in result.stderr

@@ -56,6 +56,30 @@ def _workload(ctx: typer.Context, param: typer.CallbackParam, value: Path | None
     return apply_workload(ctx, param, value)
 
 
+def require_bench_extra(kafka: bool) -> None:
+    """Raise ConfigError when a package of the `bench` extra cannot be imported
+    (matplotlib, and confluent-kafka for the Kafka backbone)."""
+    from importlib import import_module
+
+    from deltabus.errors import ConfigError
+
+    wanted = {"matplotlib": "matplotlib"}
+    if kafka:
+        wanted["confluent_kafka"] = "confluent-kafka"
+    missing = []
+    for module, package in wanted.items():
+        try:
+            import_module(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        raise ConfigError(
+            f"deltabus bench needs {', '.join(missing)}, which is not installed",
+            "install the bench extra: pip install 'deltabus[bench]' (in this repository: "
+            "make venv)",
+        )
+
+
 def bench(
     workload: Annotated[
         Path | None,
@@ -294,6 +318,7 @@ def bench(
     from deltabus.bench.config import BenchConfig, parse_backbones, parse_profile, parse_rates
     from deltabus.errors import ConfigError
 
+    require_bench_extra(kafka="kafka" in parse_backbones(backbone))
     parse_profile(profile)
     settings = cli.settings()
     if soak_minutes > 0:
