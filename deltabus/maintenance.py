@@ -38,8 +38,17 @@ class TableMaintenance:
 
 
 def maintain_table(
-    lake: Lake, table: str, retention_hours: float, compaction: bool = True
+    lake: Lake,
+    table: str,
+    retention_hours: float,
+    compaction: bool = True,
+    full_vacuum: bool | None = None,
 ) -> TableMaintenance:
+    """Compact (unless `compaction` is off), checkpoint, clean up expired log files and
+    vacuum `table`. `full_vacuum`: remove every file no version within the retention
+    references, not only those the tombstones name (default: when the retention is an
+    hour or more)."""
+    full = retention_hours >= 1 if full_vacuum is None else full_vacuum
     dt = lake.open(table)
     before = dt.version()
     compacted, added = _compact(lake, table, dt) if compaction else (0, 0)
@@ -49,11 +58,18 @@ def maintain_table(
     # Log files older than the table's delta.logRetentionDuration and behind the
     # checkpoint; live writers and tails reload from the checkpoint when they need to.
     retry_storage(dt.cleanup_metadata, what=f"clean up the log of {table}")
+    # Full (a retention of an hour or more): every file no version within the retention
+    # references, not only those the log's tombstones still name. With the deleted-file
+    # retention at the vacuum's (a soak's), a tombstone leaves the checkpoints just as its
+    # file becomes old enough, and a vacuum by tombstones never removes a compacted file
+    # (docs/adr/0035). Under an hour, tombstones only: a full vacuum could take the data
+    # file of a commit in flight.
     vacuumed = retry_storage(
         lambda: dt.vacuum(
             retention_hours=int(retention_hours),
             dry_run=False,
             enforce_retention_duration=False,
+            full=full,
         ),
         what=f"vacuum {table}",
     )

@@ -5,6 +5,7 @@ way to a delete of a file it is rewriting."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -83,3 +84,32 @@ def test_compaction_gives_way_to_a_delete_of_a_file_it_rewrites(minio_lake: Lake
     result = maintain_table(minio_lake, table, retention_hours=1)
     assert result.files_compacted >= 5 and result.files_added == 1
     assert _messages(minio_lake, table) == expected
+
+
+def test_vacuum_removes_compacted_files_after_their_tombstones_expired(
+    local_lake: Lake,
+) -> None:
+    """Compacted-away files outlive their tombstones when the deleted-file retention is no
+    longer than the vacuum's (a soak sets them equal): once the files are old enough, the
+    newest checkpoint no longer names them. Maintenance vacuums every file no version
+    within the retention references, so they go. (The retention is 1 s for the
+    tombstones here, and the second vacuum's is 0 h, standing in for the hour passed,
+    full as it is from an hour's retention on.)"""
+    import time
+
+    lake, table = local_lake, "timezone_unified"
+    expiring = {"delta.deletedFileRetentionDuration": "interval 1 seconds"}
+    ensure_table(lake, table, UNIFIED_SCHEMA, expiring)
+    _fill(lake, table, commits=5)
+    root = Path(lake.root) / table
+    first = maintain_table(lake, table, retention_hours=1)
+    assert first.files_compacted == 5 and first.files_vacuumed == 0  # an hour not gone by
+    time.sleep(1.5)  # the tombstones expire: the next checkpoint leaves them out
+    later = {"delta.logRetentionDuration": "interval 30 days"}
+    lake.open(table).alter.set_table_properties(later)  # a new version, no file
+    lake.open(table).create_checkpoint()  # as a writer's checkpointer does, every 100
+    live = {Path(uri).name for uri in lake.open(table).file_uris()}
+    second = maintain_table(lake, table, retention_hours=0, full_vacuum=True)
+    assert second.files_vacuumed == 5
+    assert {p.name for p in root.glob("*.parquet")} == live
+    assert _messages(lake, table) == sorted(unified_rows(0, 50).column("message").to_pylist())
