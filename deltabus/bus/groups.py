@@ -133,13 +133,6 @@ class Group:
             return None
         return self._lease(table, found)
 
-    def refresh(self, lease: Lease) -> Lease:
-        """The newest revision after `lease` (GETs of the next numbers, no LIST)."""
-        known = record_log.Revision(lease.seq, lease.body())
-        return self._lease(
-            lease.table, record_log.newest_from(self.store, self._log(lease.table), known)
-        )
-
     @staticmethod
     def _lease(table: str, found: record_log.Revision) -> Lease:
         body = found.body
