@@ -15,9 +15,11 @@ import os
 from dagster import Definitions
 from dotenv import load_dotenv
 
-from assets import ASSET_CHECKS, ASSETS, JOBS, SCHEDULES, SENSORS
-from deltabus.processes import apply_process_defaults
+from assets import benchmark, latency, maintenance, pipeline, service, serving, streams
+from deltabus.core.processes import apply_process_defaults
 from resources import default_resources, serving_resources
+
+DOMAINS = (pipeline, service, streams, serving, latency, benchmark, maintenance)
 
 apply_process_defaults()
 # Like `dagster dev`, read ./.env (or $DELTABUS_ENV_FILE) so the S3 resource's EnvVars
@@ -26,14 +28,11 @@ load_dotenv(os.environ.get("DELTABUS_ENV_FILE") or ".env", override=False)
 
 
 def build_definitions(resources: dict[str, object] | None = None) -> Definitions:
-    """All definitions; `resources` replaces the environment-configured defaults (tests)."""
-    return Definitions(
-        assets=ASSETS,
-        asset_checks=ASSET_CHECKS,
-        jobs=JOBS,
-        sensors=SENSORS,
-        schedules=SCHEDULES,
-        resources={**default_resources(), **serving_resources(), **(resources or {})},
+    """Every domain's definitions, merged; `resources` replaces the environment-configured
+    defaults (tests)."""
+    return Definitions.merge(
+        *(domain.defs for domain in DOMAINS),
+        Definitions(resources={**default_resources(), **serving_resources(), **(resources or {})}),
     )
 
 

@@ -19,7 +19,7 @@ PRODUCER_RUNS = DynamicPartitionsDefinition(name="producer_runs")
 
 
 def column_schema(schema: pa.Schema, descriptions: dict[str, str] | None = None) -> TableSchema:
-    """A table contract (deltabus.tables) as Dagster's `dagster/column_schema`."""
+    """A table contract (deltabus.delta.tables) as Dagster's `dagster/column_schema`."""
     return TableSchema(
         columns=[
             TableColumn(f.name, str(f.type), description=(descriptions or {}).get(f.name))

@@ -36,8 +36,8 @@ import yaml
 from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
-from deltabus.lake import UNIFIED_TABLE
-from deltabus.local_minio import free_port
+from deltabus.apps.timezones.contracts import UNIFIED_TABLE
+from deltabus.core.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE = REPO_ROOT / "workspace.yaml"

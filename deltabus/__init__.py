@@ -15,7 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from deltabus.core.version import __version__ as __version__
 
 __all__ = [
     "Batch",
@@ -37,12 +37,12 @@ __all__ = [
 _HOMES = {
     "Batch": "deltabus.bus.consumer",
     "Bus": "deltabus.bus.client",
-    "ConfigError": "deltabus.errors",
+    "ConfigError": "deltabus.core.errors",
     "Consumer": "deltabus.bus.consumer",
-    "DeltabusError": "deltabus.errors",
+    "DeltabusError": "deltabus.core.errors",
     "Producer": "deltabus.bus.producer",
     "RecordError": "deltabus.bus.producer",
-    "StorageError": "deltabus.errors",
+    "StorageError": "deltabus.core.errors",
     "Source": "deltabus.bus.transform",
     "Stream": "deltabus.bus.streams",
     "StreamSettings": "deltabus.bus.streams",
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from deltabus.bus.producer import Producer, RecordError
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform
-    from deltabus.errors import ConfigError, DeltabusError, StorageError
+    from deltabus.core.errors import ConfigError, DeltabusError, StorageError
 
 
 def __getattr__(name: str) -> Any:

@@ -1,3 +1,3 @@
-from deltabus.cli import main
+from deltabus.adapters.cli import main
 
 main()

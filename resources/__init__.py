@@ -1,7 +1,7 @@
 """Dagster resources over the deltabus engine: lake storage, MinIO/S3, DuckDB, ETL process.
 
 Every resource resolves the lake from the same settings the engine uses
-(`deltabus.settings.load_settings`: DELTABUS_* variables, MINIO_S3_* aliases, `.env`), so a
+(`deltabus.core.settings.load_settings`: DELTABUS_* variables, MINIO_S3_* aliases, `.env`), so a
 Dagster run, the CLI and the ETL subprocess always agree on where the tables are.
 """
 

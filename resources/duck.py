@@ -8,8 +8,8 @@ from contextlib import contextmanager
 import duckdb
 from dagster_duckdb import DuckDBResource
 
-from deltabus.duck import ALL_TABLES, register_delta_views
-from deltabus.lake import Lake
+from deltabus.apps.timezones.duck import ALL_TABLES, register_delta_views
+from deltabus.delta.lake import Lake
 
 
 def duckdb_resource(database: str = ":memory:") -> DuckDBResource:

@@ -1,4 +1,4 @@
-"""The continuous ETL service as a Dagster resource (bounded runs: assets.tables)."""
+"""The continuous ETL service as a Dagster resource (bounded runs: assets.pipeline.assets)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from deltabus.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
-from deltabus.processes import etl_command
-from deltabus.service import EtlService, EtlServiceGroup
+from deltabus.apps.timezones.service import EtlService, EtlServiceGroup
+from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
+from deltabus.core.processes import etl_command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ PIPES_INTERNAL_WARNING = r".*PipesMessageReader\.expected_writer_count.*"
 
 
 class EtlServiceResource(ConfigurableResource):
-    """The continuous ETL service (`deltabus.service.EtlService`) and how to run it."""
+    """The continuous ETL service (`apps.timezones.service.EtlService`) and how to run it."""
 
     state_dir: str | None = Field(
         default=None,

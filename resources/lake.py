@@ -7,9 +7,9 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from deltabus.lake import Lake
-from deltabus.retry import configure as configure_retry
-from deltabus.settings import Settings, load_settings
+from deltabus.core.retry import configure as configure_retry
+from deltabus.core.settings import Settings, load_settings
+from deltabus.delta.lake import Lake
 
 
 class LakeResource(ConfigurableResource):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
-from deltabus.serving import pg
-from deltabus.serving.target import DEFAULT_TABLE, check_table_name
+from deltabus.adapters.serving import pg
+from deltabus.adapters.serving.target import DEFAULT_TABLE, check_table_name
 
 DSN_VAR = "DELTABUS_POSTGRES_DSN"
 

@@ -15,7 +15,7 @@ from dagster import EnvVar
 from dagster_aws.s3 import S3Resource
 from pydantic import AliasChoices
 
-from deltabus.settings import Settings
+from deltabus.core.settings import Settings
 
 
 def _env_names(field: str) -> tuple[str, ...]:

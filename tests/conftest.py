@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 from pydantic import AliasChoices
 
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer, build_minio, find_minio
-from deltabus.processes import LAKE_ENV_PREFIXES, apply_process_defaults, child_env
-from deltabus.service import SERVICE_DIR_VAR
-from deltabus.settings import ENV_FILE_VAR, Settings
+from deltabus.adapters.dev.minio_process import MinioServer, build_minio, find_minio
+from deltabus.apps.timezones.service import SERVICE_DIR_VAR
+from deltabus.core.processes import LAKE_ENV_PREFIXES, apply_process_defaults, child_env
+from deltabus.core.settings import ENV_FILE_VAR, Settings
+from deltabus.delta.lake import Lake
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"

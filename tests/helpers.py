@@ -14,10 +14,10 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.partitions import read_layout
-from deltabus.processes import LAKE_ENV_PREFIXES
-from deltabus.tables import UNIFIED_SCHEMA
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
+from deltabus.apps.timezones.layout import read_layout
+from deltabus.core.processes import LAKE_ENV_PREFIXES
+from deltabus.delta.lake import Lake
 
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
 

@@ -1,5 +1,5 @@
 """A real OpenSearch for the tests: DELTABUS_TEST_OPENSEARCH_URL, else an embedded node on
-loopback (deltabus.local_opensearch), its jars fetched with Maven into the cache when
+loopback (deltabus.adapters.dev.opensearch_process), its jars fetched with Maven into the cache when
 missing. In CI a missing OpenSearch (no Java, jars that cannot be fetched) is a failure,
 never a skip. The serving setting DELTABUS_OPENSEARCH_URL is never read here
 (tests/conftest.py removes it): a user's cluster is used only when named by
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from deltabus.errors import DeltabusError
-from deltabus.local_opensearch import OpenSearchNode, fetch_jars
+from deltabus.adapters.dev.opensearch_process import OpenSearchNode, fetch_jars
+from deltabus.core.errors import DeltabusError
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_URL_VAR = "DELTABUS_TEST_OPENSEARCH_URL"

@@ -1,7 +1,7 @@
 """A real PostgreSQL for the tests: DELTABUS_TEST_POSTGRES_DSN, else a local server on loopback.
 
 The local server is Debian's PostgreSQL (initdb + postgres) in a temporary directory on a
-free 127.0.0.1 port with a random password (deltabus.local_postgres). In CI a missing
+free 127.0.0.1 port with a random password (deltabus.adapters.dev.postgres_process). In CI a missing
 PostgreSQL is a failure, never a skip. The serving setting DELTABUS_POSTGRES_DSN is never
 read here (tests/conftest.py removes it): a user's server is used only when named by
 DELTABUS_TEST_POSTGRES_DSN.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from deltabus.local_postgres import PostgresServer, find_bindir
+from deltabus.adapters.dev.postgres_process import PostgresServer, find_bindir
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_DSN_VAR = "DELTABUS_TEST_POSTGRES_DSN"

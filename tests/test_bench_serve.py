@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from deltabus.bench.config import BenchConfig
-from deltabus.bench.report import console_text, report_json, serving_markdown
-from deltabus.bench.serving_opensearch import OpenSearchReader
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer
+from deltabus.adapters.bench.config import BenchConfig
+from deltabus.adapters.bench.report import console_text, report_json, serving_markdown
+from deltabus.adapters.bench.serving_opensearch import OpenSearchReader
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.core.errors import ConfigError
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.opensearch_fixture import IN_CI, require_opensearch_jars
 from tests.pg_fixture import require_postgres_binaries
@@ -184,7 +184,7 @@ class FakeIndex:
 
 
 def test_opensearch_reader_counts_each_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("deltabus.bench.serving_opensearch.PAGE", 2)  # several pages
+    monkeypatch.setattr("deltabus.adapters.bench.serving_opensearch.PAGE", 2)  # several pages
     reader = OpenSearchReader("http://127.0.0.1:9201", "served", 0.01)
     # Versions 1-2 are acknowledged (position 2); version 3 is searchable already.
     index = FakeIndex([(1, "a"), (1, "b"), (2, "c"), (3, "d"), (3, "e")], position=2)
@@ -216,7 +216,7 @@ def test_configured_opensearch_gets_an_index_of_the_run(
 ) -> None:
     from pydantic import SecretStr
 
-    from deltabus.bench.serving import serving_run
+    from deltabus.adapters.bench.serving import serving_run
 
     url = "http://bench:s3cret@127.0.0.1:9201"
     settings = SimpleNamespace(opensearch_url=SecretStr(url), postgres_dsn=None)
@@ -228,7 +228,7 @@ def test_configured_opensearch_gets_an_index_of_the_run(
     assert first._sink_env() == {"DELTABUS_OPENSEARCH_URL": url}  # the child's only
     assert "s3cret" not in first.redact(f"failed at {url}: s3cret")
     cluster = FakeCluster()
-    monkeypatch.setattr("deltabus.serving.opensearch_connection.client", lambda _: cluster)
+    monkeypatch.setattr("deltabus.adapters.serving.opensearch_connection.client", lambda _: cluster)
     first.stop()  # nothing started: only this run's index and position are removed
     replay = f"{first.index}_replay"  # --serve-replay's index, when it ran
     assert cluster.removed == [

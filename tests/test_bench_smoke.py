@@ -20,15 +20,15 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from deltabus.bench.analysis import SAMPLES_TABLE, recovery
-from deltabus.bench.config import parse_profile, parse_rates
-from deltabus.bench.kafka_broker import kafka_script
-from deltabus.bench.report import RUN_KEYS
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.latency import percentiles
-from deltabus.local_minio import MinioServer
-from deltabus.partitions import Layout, read_layout
+from deltabus.adapters.bench.analysis import SAMPLES_TABLE, recovery
+from deltabus.adapters.bench.config import parse_profile, parse_rates
+from deltabus.adapters.bench.kafka_broker import kafka_script
+from deltabus.adapters.bench.report import RUN_KEYS
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.latency import percentiles
+from deltabus.apps.timezones.layout import Layout, read_layout
+from deltabus.core.errors import ConfigError
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -400,7 +400,7 @@ def test_bench_without_its_extra_says_how_to_install_it(tmp_path: Path, absent: 
     """Without the `bench` extra, `deltabus bench` is one clear error (exit 2) before any
     run; confluent-kafka is needed only for the Kafka backbone."""
     blocked = f"import sys; sys.modules[{absent!r}] = None"  # as if it were not installed
-    run = f"{blocked}; from deltabus.cli import main; main()"
+    run = f"{blocked}; from deltabus.adapters.cli import main; main()"
     env = {**os.environ, "DELTABUS_ENV_FILE": os.devnull, "DELTABUS_STORAGE": "local"}
     for backbone, refused in (("delta", absent == "matplotlib"), ("kafka", True)):
         # An invalid profile: past the extra's check, the run is refused before it starts.

@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deltabus.bench.analysis import SAMPLES_TABLE
-from deltabus.bench.config import BenchConfig
-from deltabus.bench.histogram import MAX_MS, MIN_MS, RELATIVE_ERROR, LogHistogram
-from deltabus.bench.soak_report import evaluate_goals, in_force_after_s
-from deltabus.bench.soak_windows import SeenSet, scheduled_before
-from deltabus.bench.workload import ProducerSpec
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer
+from deltabus.adapters.bench.analysis import SAMPLES_TABLE
+from deltabus.adapters.bench.config import BenchConfig
+from deltabus.adapters.bench.histogram import MAX_MS, MIN_MS, RELATIVE_ERROR, LogHistogram
+from deltabus.adapters.bench.soak_report import evaluate_goals, in_force_after_s
+from deltabus.adapters.bench.soak_windows import SeenSet, scheduled_before
+from deltabus.adapters.bench.workload import ProducerSpec
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.core.errors import ConfigError
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

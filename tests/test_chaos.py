@@ -24,8 +24,9 @@ import polars as pl
 import pytest
 from deltalake import DeltaTable
 
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
-from deltabus.local_minio import MinioServer
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
 from tests.test_faults import own_minio  # noqa: F401 - fixture
 

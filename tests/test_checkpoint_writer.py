@@ -1,4 +1,4 @@
-"""Checkpoints written from memory (deltabus.checkpoint_writer) on real tables, MinIO and
+"""Checkpoints written from memory (deltabus.delta.checkpoint_writer) on real tables, MinIO and
 local: fast appends mixed with delta-rs appends, a txn update, a delete and a compaction;
 once the commits the checkpoint covers are gone, delta-rs, DuckDB and our tail read
 exactly the rows written from it, and it holds what delta-rs' own checkpoint holds."""
@@ -19,15 +19,16 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from deltabus.checkpoint_state import TableState, Unsupported, parse_interval_ms
-from deltabus.checkpoint_writer import CheckpointWriter, cleanup_expired_logs
-from deltabus.checkpoints import BackgroundCheckpointer
-from deltabus.delta_protocol import DeltaLog, TableFiles, concat, parse_actions, snapshot_at
-from deltabus.duck import lake_connection
-from deltabus.fast_append import TableAppender
-from deltabus.lake import Lake
-from deltabus.settings import Settings
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table, metadata
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
+from deltabus.apps.timezones.duck import lake_connection
+from deltabus.core.settings import Settings
+from deltabus.delta.append import TableAppender
+from deltabus.delta.checkpoint_state import TableState, Unsupported, parse_interval_ms
+from deltabus.delta.checkpoint_writer import CheckpointWriter, cleanup_expired_logs
+from deltabus.delta.checkpoints import BackgroundCheckpointer
+from deltabus.delta.lake import Lake
+from deltabus.delta.protocol import DeltaLog, TableFiles, concat, parse_actions, snapshot_at
+from deltabus.delta.tables import ensure_table, metadata
 from tests.helpers import unified_rows as rows
 from tests.test_spark_interop import s3a, spark  # noqa: F401 - fixture
 

@@ -9,9 +9,11 @@ import time
 import pyarrow as pa
 import pytest
 
-from deltabus.checkpoints import BackgroundCheckpointer
-from deltabus.lake import Lake
-from deltabus.tables import INPUT_SCHEMA, append_once, ensure_table
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA
+from deltabus.delta.append import append_once
+from deltabus.delta.checkpoints import BackgroundCheckpointer
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 
 
 def log_objects(lake: Lake, table: str) -> list[str]:
@@ -86,7 +88,7 @@ def test_a_failed_checkpoint_is_logged_not_raised(
     minio_lake: Lake, caplog: pytest.LogCaptureFixture
 ) -> None:
     checkpointer = BackgroundCheckpointer(minio_lake, "no_such_table", interval=1)
-    with caplog.at_level(logging.WARNING, logger="deltabus.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="deltabus.delta.checkpoints"):
         checkpointer.committed(3)
         checkpointer.close()
     assert checkpointer.failures == 1

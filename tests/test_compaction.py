@@ -10,17 +10,18 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from deltabus.compaction import (
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
+from deltabus.delta.append import TableAppender
+from deltabus.delta.compaction import (
     CompactionConflict,
     commit_rewrite,
     compact,
     plan_compaction,
     rewrite_files,
 )
-from deltabus.fast_append import TableAppender
-from deltabus.lake import Lake
-from deltabus.maintenance import maintain_table
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table
+from deltabus.delta.lake import Lake
+from deltabus.delta.maintenance import maintain_table
+from deltabus.delta.tables import ensure_table
 from tests.helpers import unified_rows
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from deltabus.etl.sink import position_marker
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.tables import INPUT_SCHEMA
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_TABLE
+from deltabus.apps.timezones.etl.sink import position_marker
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import read_table
 

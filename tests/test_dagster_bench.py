@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
-from deltabus.lake import Lake
+from deltabus.delta.lake import Lake
 from tests.conftest import use_lake_env
 
 
 def test_benchmark_report_materializes_with_percentiles_and_plots(
     minio_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from assets.benchmark import benchmark_report
+    from assets.benchmark.assets import benchmark_report
     from resources import default_resources
 
     use_lake_env(monkeypatch, minio_lake)

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from assets.progress import short
-from deltabus.lake import Lake
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env
 from tests.helpers import assert_exactly_once
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, DagsterInstance, Definitions, EnvVar
 
-from deltabus.lake import INPUT_TABLES, Lake
-from deltabus.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.contracts import INPUT_TABLES
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.delta.lake import Lake
 from tests.conftest import clear_lake_env, use_lake_env
 
 REPO = Path(__file__).resolve().parents[1]

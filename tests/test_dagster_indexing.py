@@ -7,8 +7,8 @@ import uuid
 import pytest
 from dagster import AssetKey, AssetSelection, EnvVar, materialize
 
-from assets.indexing import INDEXED_ASSET, INDEXING_CHECKS, indexed_unified
-from deltabus.lake import Lake
+from assets.serving.opensearch import INDEXED_ASSET, INDEXING_CHECKS, indexed_unified
+from deltabus.delta.lake import Lake
 from resources.lake import LakeResource
 from resources.opensearch import OpenSearchResource, opensearch_resource
 from tests.conftest import use_lake_env

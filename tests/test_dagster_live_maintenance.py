@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance
 
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
-from deltabus.local_minio import MinioServer
-from deltabus.producer import Producer, ProducerConfig, ProducerReport
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
+from deltabus.apps.timezones.producer import Producer, ProducerConfig, ProducerReport
+from deltabus.delta.lake import Lake
 from tests.conftest import minio_settings_for, use_lake_env
 from tests.helpers import assert_exactly_once
 from tests.test_foreign_writers import start_etl, stop_etl, wait_for_net

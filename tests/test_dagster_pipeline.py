@@ -14,8 +14,9 @@ import pytest
 from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, materialize
 from deltalake import write_deltalake
 
-from deltabus.lake import REJECTS_TABLE, UNIFIED_TABLE, Lake
-from deltabus.tables import REJECTS_SCHEMA, ensure_table
+from deltabus.apps.timezones.contracts import REJECTS_SCHEMA, REJECTS_TABLE, UNIFIED_TABLE
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 from tests.conftest import lake_env, minio_settings_for
 from tests.helpers import assert_exactly_once
 
@@ -70,9 +71,9 @@ def run_config(tmp: Path, **latency: object) -> dict:
 @pytest.fixture(scope="module")
 def pipeline(module_env) -> dict:
     """The full asset graph, materialized once in process against MinIO."""
-    from assets.checks import UNIFIED_CHECKS
-    from assets.latency import latency_percentiles, p99_within_limit
-    from assets.tables import results_csv, stream_window
+    from assets.latency.assets import latency_percentiles, p99_within_limit
+    from assets.pipeline.assets import results_csv, stream_window
+    from assets.pipeline.checks import UNIFIED_CHECKS
     from resources import default_resources
 
     tmp = module_env["tmp"]

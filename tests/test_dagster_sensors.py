@@ -19,11 +19,12 @@ from dagster import (
 )
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from deltabus.etl.positions import ETL_APP_ID, position_marker
-from deltabus.lake import INPUT_TABLES, UNIFIED_TABLE, Lake
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.service import EtlService, lag, process_alive
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table, metadata
+from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_SCHEMA, UNIFIED_TABLE
+from deltabus.apps.timezones.etl.positions import ETL_APP_ID, position_marker
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.service import EtlService, lag, process_alive
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table, metadata
 from tests.conftest import lake_env, use_lake_env
 from tests.helpers import assert_exactly_once, etl_process, read_unified, wait_for_file
 
@@ -86,7 +87,7 @@ def resources() -> dict:
 
 
 def test_unified_commits_sensor_requests_once_per_finished_producer_run(env):
-    from assets.automation import producer_run_job, unified_commits_sensor
+    from assets.pipeline.automation import producer_run_job, unified_commits_sensor
 
     lake: Lake = env["lake"]
     instance = DagsterInstance.ephemeral()
@@ -165,14 +166,14 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 
 def caught_up(lake: Lake, rows: int) -> bool:
-    from deltabus.partitions import read_layout
+    from deltabus.apps.timezones.layout import read_layout
 
     tables = read_layout(lake).unified_tables  # the table, or its partitions
     return any(lake.exists(t) for t in tables) and read_unified(lake).height >= rows
 
 
 def test_service_is_started_watched_relaunched_and_stopped(env):
-    from assets.automation import etl_service_sensor
+    from assets.service.automation import etl_service_sensor
     from definitions import build_definitions
 
     lake: Lake = env["lake"]
@@ -197,7 +198,7 @@ def test_service_is_started_watched_relaunched_and_stopped(env):
         assert str(lake.settings.secret_key.get_secret_value()) not in " ".join(status.command)
         wait_until(lambda: caught_up(lake, 1000), 60, "the service to process 1000 rows")
         wait_until(lambda: lag(lake)["data_commits_behind"] == 0, 30, "positions to catch up")
-        from assets.tables import stream_window
+        from assets.pipeline.assets import stream_window
 
         clash = materialize(
             [stream_window],
@@ -271,7 +272,7 @@ def test_one_check_and_latency_run_per_producer_run_beside_the_service(env):
     its own partition, and those runs pass and measure that run's latency."""
     import threading
 
-    from assets.automation import unified_commits_sensor
+    from assets.pipeline.automation import unified_commits_sensor
     from definitions import build_definitions
 
     lake: Lake = env["lake"]
@@ -338,10 +339,10 @@ def test_a_service_of_two_processes_on_four_partitions(env):
     """etl_service_start_job with processes=2 on a lake of 4 partitions per stream: the
     sensor reports the partition count and the lag per input partition, and relaunches
     only the process that died; the output is exactly-once."""
-    from assets.automation import etl_service_sensor
+    from assets.service.automation import etl_service_sensor
     from definitions import build_definitions
-    from deltabus.partitions import ensure_layout
-    from deltabus.service import EtlServiceGroup
+    from deltabus.apps.timezones.layout import ensure_layout
+    from deltabus.apps.timezones.service import EtlServiceGroup
     from resources.etl import EtlServiceResource
 
     lake: Lake = env["lake"]

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from dagster import AssetKey, AssetSelection, EnvVar, materialize
 
-from assets.serving import SERVED_ASSET, SERVING_CHECKS, served_unified
-from deltabus.lake import Lake
+from assets.serving.postgres import SERVED_ASSET, SERVING_CHECKS, served_unified
+from deltabus.delta.lake import Lake
 from resources.lake import LakeResource
 from resources.postgres import PostgresResource, postgres_resource
 from tests.conftest import use_lake_env

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, DagsterInstance, materialize
 
-from deltabus.lake import UNIFIED_TABLE, Lake
+from deltabus.apps.timezones.contracts import UNIFIED_TABLE
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
 from tests.helpers import assert_exactly_once
 
@@ -30,7 +31,7 @@ def dagster_lake(minio, tmp_path: Path) -> Iterator[Lake]:
 
 
 def window(config: dict, selection: list[str] | None = None):
-    from assets.tables import stream_window
+    from assets.pipeline.assets import stream_window
     from resources import default_resources
 
     return materialize(

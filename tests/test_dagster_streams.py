@@ -17,7 +17,7 @@ from dagster import (
 )
 
 import deltabus
-from deltabus.lake import Lake
+from deltabus.delta.lake import Lake
 from tests.bus_worker import ORDERS_SCHEMA, order
 from tests.conftest import use_lake_env
 
@@ -41,7 +41,7 @@ def produce(bus: deltabus.Bus, start: int, count: int) -> None:
 
 
 def test_streams_sensor_records_streams_and_group_lag(lake: Lake) -> None:
-    from assets.streams import GROUP_LAG_CHECK, STREAMS_ASSET, streams_sensor
+    from assets.streams.assets import GROUP_LAG_CHECK, STREAMS_ASSET, streams_sensor
 
     bus = deltabus.Bus(lake)
     instance = DagsterInstance.ephemeral()
@@ -87,7 +87,7 @@ def test_streams_sensor_records_streams_and_group_lag(lake: Lake) -> None:
     assert isinstance(again, SkipReason)
 
     # The same check on demand (from the UI, or a job): the same verdict.
-    from assets.streams import consumer_groups_within_lag
+    from assets.streams.assets import consumer_groups_within_lag
     from resources.lake import LakeResource
 
     on_demand = consumer_groups_within_lag(lake=LakeResource())

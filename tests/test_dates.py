@@ -1,6 +1,6 @@
 """The date grammar: validator (Polars) and transform (Pathway) agree, and no row poisons the ETL.
 
-The reference here is independent of deltabus.etl.dates: Python's `re` and `datetime` for
+The reference here is independent of apps.timezones.etl.dates: Python's `re` and `datetime` for
 the grammar and the calendar, integer arithmetic for the instant, `Fraction` for the exact
 epoch milliseconds (the double nearest to them). Timestamps are computed by the real
 Pathway transform (`unified_expression`), many rows per Pathway run.
@@ -28,13 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pathway.internals.parse_graph import G
 
-from deltabus.etl import dates
-from deltabus.etl.pipeline import unified_expression
-from deltabus.etl.source import BatchSchema
-from deltabus.etl.validate import MAX_MESSAGE_BYTES, split_valid
-from deltabus.lake import Lake
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.tables import INPUT_SCHEMA, TABLE_CONFIGURATION, ensure_table
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA
+from deltabus.apps.timezones.etl import dates
+from deltabus.apps.timezones.etl.pipeline import unified_expression
+from deltabus.apps.timezones.etl.source import BatchSchema
+from deltabus.apps.timezones.etl.validate import MAX_MESSAGE_BYTES, split_valid
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import TABLE_CONFIGURATION, ensure_table
 from tests.conftest import lake_env
 from tests.helpers import epoch_ms, read_table
 
@@ -458,9 +459,9 @@ def test_a_batch_that_cannot_be_inspected_is_rejected_whole() -> None:
 
 RUN_ETL = """
 import json
-from deltabus.etl.pipeline import EtlConfig, run_etl
-from deltabus.lake import Lake
-from deltabus.settings import load_settings
+from deltabus.apps.timezones.etl.pipeline import EtlConfig, run_etl
+from deltabus.delta.lake import Lake
+from deltabus.core.settings import load_settings
 
 report = run_etl(Lake(load_settings()), EtlConfig(bounded=True, commit_interval=0.05))
 print(json.dumps(report.as_dict()))
@@ -637,7 +638,7 @@ def test_producer_batches_take_the_arrow_path_with_the_same_result() -> None:
     """A batch as producers write it is accepted in Arrow alone; what the row-by-row
     path makes of the same batch is identical, and any batch with something to reject or
     an unusual shape goes the row-by-row way."""
-    from deltabus.etl import validate
+    from deltabus.apps.timezones.etl import validate
 
     n = 300
     plain = _producer_rows(n)

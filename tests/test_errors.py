@@ -20,11 +20,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer, find_minio, free_port
-from deltabus.producer import ProducerConfig
-from deltabus.settings import load_settings
+from deltabus.adapters.dev.minio_process import MinioServer, find_minio
+from deltabus.apps.timezones.producer import ProducerConfig
+from deltabus.core.errors import ConfigError
+from deltabus.core.net import free_port
+from deltabus.core.settings import load_settings
+from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 
 COMMANDS = [
@@ -296,7 +297,7 @@ MESSAGES = [
     ("transient", "message"), [m[1:] for m in MESSAGES], ids=[m[0] for m in MESSAGES]
 )
 def test_transient_errors_are_told_from_permanent_ones(message: str, transient: bool) -> None:
-    from deltabus.retry import is_transient
+    from deltabus.core.retry import is_transient
 
     assert is_transient(OSError(message)) is transient
     assert is_transient(DeltaError(message)) is transient
@@ -493,7 +494,7 @@ def live_errors(lab: Lab) -> dict[tuple[str, str], BaseException]:
 def test_real_storage_errors_are_told_apart(
     live_errors: dict[tuple[str, str], BaseException], situation: str, client: str, transient: bool
 ) -> None:
-    from deltabus.retry import is_transient
+    from deltabus.core.retry import is_transient
 
     error = live_errors[situation, client]
     assert is_transient(error) is transient, f"{type(error).__name__}: {error}"
@@ -502,7 +503,7 @@ def test_real_storage_errors_are_told_apart(
 def test_permanent_errors_stop_at_once_and_outages_are_ridden_out(lab: Lab) -> None:
     """retry_storage with a 60 s budget: a corrupt or vacuumed file fails within a
     second; a MinIO down for a few seconds, and one answering 503, are waited out."""
-    from deltabus import retry
+    from deltabus.core import retry
 
     s = lab.lake.settings
     s3 = lab.lake.s3_client()
@@ -550,7 +551,7 @@ def test_sqlstate_decides_for_postgresql(postgres) -> None:
     import psycopg2
     from psycopg2.extensions import make_dsn, parse_dsn
 
-    from deltabus.retry import is_transient
+    from deltabus.core.retry import is_transient
 
     conn = psycopg2.connect(postgres.dsn)
     other = psycopg2.connect(postgres.dsn)
@@ -581,7 +582,7 @@ def test_a_stop_cuts_an_outage_retry_short_but_rides_out_a_blip():
     import threading
     import time
 
-    from deltabus import retry
+    from deltabus.core import retry
 
     stop = threading.Event()
     calls: list[float] = []
@@ -639,7 +640,7 @@ def test_a_full_disk_is_told_by_whose_disk_it_is(error: OSError, problem: str, f
     """A local disk full points at DELTABUS_LOCAL_ROOT; an object store answering that
     its disk is full points at the store's drives (MinIO says either, depending on
     when its drive filled up)."""
-    from deltabus.errors import user_storage_error
+    from deltabus.core.errors import user_storage_error
 
     clear = user_storage_error(error, "the lake")
     assert clear is not None

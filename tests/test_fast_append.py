@@ -1,4 +1,4 @@
-"""Two-PUT appends (deltabus.fast_append) on real tables, MinIO and local: what they write
+"""Two-PUT appends (deltabus.delta.append) on real tables, MinIO and local: what they write
 reads back through delta-rs and DuckDB, racing writers each land exactly once, and a
 table that needs more than a plain append goes to delta-rs."""
 
@@ -12,11 +12,12 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from deltabus.duck import lake_connection
-from deltabus.fast_append import TableAppender, eligible
-from deltabus.lake import Lake
-from deltabus.parquet_io import DICTIONARY_PAGE_LIMIT, parquet_buffer
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table, meta, metadata
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
+from deltabus.apps.timezones.duck import lake_connection
+from deltabus.delta.append import TableAppender, eligible
+from deltabus.delta.lake import Lake
+from deltabus.delta.parquet_io import DICTIONARY_PAGE_LIMIT, parquet_buffer
+from deltabus.delta.tables import ensure_table, meta, metadata
 from tests.helpers import unified_rows as rows
 
 

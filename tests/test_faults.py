@@ -19,11 +19,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer, find_minio, free_port
-from deltabus.maintenance import maintain
-from deltabus.producer import Producer, ProducerConfig, build_batches
-from deltabus.tables import INPUT_SCHEMA, TABLE_CONFIGURATION
+from deltabus.adapters.dev.minio_process import MinioServer, find_minio
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA, PIPELINE_TABLES
+from deltabus.apps.timezones.producer import Producer, ProducerConfig, build_batches
+from deltabus.core.net import free_port
+from deltabus.delta.lake import Lake
+from deltabus.delta.maintenance import maintain
+from deltabus.delta.tables import TABLE_CONFIGURATION
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 from tests.helpers import etl_process, read_table, wait_for_file
 
@@ -381,7 +383,7 @@ def test_maintenance_during_the_stream(minio_lake: Lake, tmp_path: Path):
         )
         rounds = 0
         while thread.is_alive() or rounds < 2:
-            maintain(lake, retention_hours=1)
+            maintain(lake, PIPELINE_TABLES, retention_hours=1)
             rounds += 1
             time.sleep(0.3)
         deadline = time.monotonic() + 60
@@ -391,7 +393,7 @@ def test_maintenance_during_the_stream(minio_lake: Lake, tmp_path: Path):
             assert etl.poll() is None, etl.communicate()[1][-3000:]
             assert time.monotonic() < deadline, read_table(lake, "timezone_unified").height
             time.sleep(0.1)
-        maintain(lake, retention_hours=1)
+        maintain(lake, PIPELINE_TABLES, retention_hours=1)
         time.sleep(0.5)
     finally:
         stop_consumer.set()

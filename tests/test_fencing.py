@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.etl.fence import EPOCH_APP_ID, FencedError, claim, current_epoch
-from deltabus.etl.sink import DeltaSinkObserver
-from deltabus.fast_append import TableAppender
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
+from deltabus.apps.timezones.etl.sink import DeltaSinkObserver
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.bus.fence import EPOCH_APP_ID, FencedError, claim, current_epoch
+from deltabus.delta.append import TableAppender
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 from tests.conftest import lake_env
 from tests.helpers import (
     assert_exactly_once,

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from deltabus.bench.store_profiles import PROFILES, StoreProxy
-from deltabus.fast_append import TableAppender
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer
-from deltabus.tables import INPUT_SCHEMA, ensure_table
-from deltabus.tail import DeltaLogTail
+from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA
+from deltabus.bus.tail import DeltaLogTail
+from deltabus.delta.append import TableAppender
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 from tests.conftest import minio_settings_for
 
 COMMITS = 40

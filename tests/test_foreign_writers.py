@@ -23,7 +23,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, TableFeatures, write_deltalake
 
-from deltabus.delta_protocol import (
+from deltabus.apps.timezones.contracts import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE
+from deltabus.apps.timezones.etl.sink import position_marker
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.delta.lake import Lake
+from deltabus.delta.protocol import (
     TableState,
     decode_roaring_array,
     dv_relative_path,
@@ -31,9 +35,6 @@ from deltabus.delta_protocol import (
     plan_changes,
     z85_decode,
 )
-from deltabus.etl.sink import position_marker
-from deltabus.lake import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE, Lake
-from deltabus.producer import Producer, ProducerConfig
 from tests.conftest import lake_env
 from tests.helpers import etl_process, read_table, wait_for_file
 
@@ -237,7 +238,7 @@ def assert_content_checks_pass(lake: Lake, monkeypatch: pytest.MonkeyPatch) -> N
     """The Dagster checks `no_message_lost` and `no_duplicate_message` pass (net content)."""
     from dagster_duckdb import DuckDBResource
 
-    from assets.checks import evaluate_checks
+    from assets.pipeline.checks import evaluate_checks
     from resources.lake import LakeResource
     from tests.conftest import use_lake_env
 
@@ -255,9 +256,9 @@ def assert_readers_honour_diff(
     expected: dict[str, float],
     renamed: int,
 ) -> None:
-    from deltabus.duck import UNIFIED_NET_VIEW, lake_connection
-    from deltabus.latency import unified_samples
-    from deltabus.results import export_results
+    from deltabus.apps.timezones.duck import UNIFIED_NET_VIEW, lake_connection
+    from deltabus.apps.timezones.latency import unified_samples
+    from deltabus.apps.timezones.results import export_results
 
     unified = read_table(lake, UNIFIED_TABLE)
     # The CSV: the changelog by default, the net content on request.
@@ -636,7 +637,7 @@ def test_change_plans_follow_the_protocol() -> None:
 
 def test_snapshot_from_checkpoint_and_commits(local_lake: Lake) -> None:
     """Table state as of a version: checkpoint + later commits, as deltalake sees it."""
-    from deltabus.delta_protocol import DeltaLog, snapshot_at
+    from deltabus.delta.protocol import DeltaLog, snapshot_at
 
     uri = local_lake.uri("timezone1")
     write_deltalake(uri, rows("a", 10), configuration=CDF)
@@ -660,9 +661,9 @@ def test_source_sends_each_version_whole_and_in_order(local_lake: Lake) -> None:
     must not go out after a later one, and a version's rows go out in one Pathway row."""
     import threading
 
-    from deltabus.etl.rejects import RejectsWriter
-    from deltabus.etl.source import DeltaTailSubject
-    from deltabus.tail import Commit
+    from deltabus.apps.timezones.etl.rejects import RejectsWriter
+    from deltabus.apps.timezones.etl.source import DeltaTailSubject
+    from deltabus.bus.tail import Commit
 
     def version(v: int, diffs: list[int]) -> pa.Table:
         n = len(diffs)

@@ -15,7 +15,7 @@ def test_frozen_objects_are_freed_at_exit_without_leak_warnings() -> None:
     handed back to the collector before shutdown."""
     code = (
         "import gc, duckdb\n"
-        "from deltabus.gctune import tune_gc_for_streaming\n"
+        "from deltabus.core.gctune import tune_gc_for_streaming\n"
         "duckdb.connect().execute('SELECT 1::BIGINT').fetchall()\n"
         "tune_gc_for_streaming()\n"
         "tune_gc_for_streaming()\n"

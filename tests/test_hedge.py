@@ -14,10 +14,10 @@ import obstore
 import pytest
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-from deltabus import hedge
-from deltabus.bench.store_profiles import PROFILES, StoreProxy
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer
+from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.core import hedge
+from deltabus.delta.lake import Lake
 from tests.conftest import minio_settings_for
 
 GETS = 300

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.local_minio import MinioServer, free_port
-from deltabus.service import SERVICE_DIR_VAR
-from deltabus.settings import ENV_FILE_VAR, Settings, load_settings
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.service import SERVICE_DIR_VAR
+from deltabus.core.net import free_port
+from deltabus.core.settings import ENV_FILE_VAR, Settings, load_settings
 from tests.conftest import IN_CI, SESSION_DIR, user_setting
 
 TESTS = Path(__file__).resolve().parent

@@ -19,7 +19,7 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
 from assets.progress import short
-from deltabus.lake import Lake
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from deltabus.lake import Lake
-from deltabus.producer import Producer, ProducerConfig, ProducerReport
-from deltabus.serving.compare import compare
-from deltabus.serving.sink import PostgresSink, ServeConfig
+from deltabus.adapters.serving.compare import compare
+from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
+from deltabus.apps.timezones.producer import Producer, ProducerConfig, ProducerReport
+from deltabus.delta.lake import Lake
 from tests.pg_fixture import Postgres
 from tests.test_foreign_writers import (
     assert_content_checks_pass,

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from deltabus.etl.fence import EPOCH_APP_ID, claim
-from deltabus.fast_append import TableAppender
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
+from deltabus.bus.fence import EPOCH_APP_ID, claim
+from deltabus.delta.append import TableAppender
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.helpers import unified_rows
 

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from deltabus.bench.consumer import LiveStats
-from deltabus.lake import Lake
-from deltabus.producer import Producer, ProducerConfig
+from deltabus.adapters.bench.consumer import LiveStats
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.delta.lake import Lake
 
 
 def test_snapshot_percentiles_match_the_samples() -> None:

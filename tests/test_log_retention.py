@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.errors import StorageError
-from deltabus.lake import Lake
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.settings import Settings
-from deltabus.tail import DeltaLogTail
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.bus.tail import DeltaLogTail
+from deltabus.core.errors import StorageError
+from deltabus.core.settings import Settings
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import assert_exactly_once
 
@@ -60,11 +60,10 @@ def test_lag_agrees_with_the_etl_after_log_cleanup(tmp_path: Path) -> None:
     """The service's lag reads positions as the ETL does, also once ETL commits expired."""
     from deltalake import DeltaTable
 
-    from deltabus.etl.fence import claim
-    from deltabus.etl.positions import recorded_positions
-    from deltabus.lake import UNIFIED_TABLE
-    from deltabus.service import lag
-    from deltabus.tables import UNIFIED_SCHEMA
+    from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
+    from deltabus.apps.timezones.etl.positions import recorded_positions
+    from deltabus.apps.timezones.service import lag
+    from deltabus.bus.fence import claim
 
     lake = Lake(
         Settings(storage="local", local_root=tmp_path / "lake", prefix="p", log_retention_s=10)
@@ -111,7 +110,7 @@ def test_removed_files_leave_the_log_state_after_their_retention(
     the removed files for delta.deletedFileRetentionDuration: a week by default, so a
     stream compacted every few minutes grows its checkpoints and writers' memory for a
     week; 10 s here, so they are gone 11 s later."""
-    from deltabus.maintenance import maintain_table
+    from deltabus.delta.maintenance import maintain_table
 
     lake = Lake(
         Settings(

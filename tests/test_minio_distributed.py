@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.devcluster import PID_FILE, _running
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioCluster, build_minio, find_minio, port_taken
-from deltabus.processes import LAKE_ENV_PREFIXES
+from deltabus.adapters.dev.cluster import PID_FILE, _running
+from deltabus.adapters.dev.minio_process import MinioCluster, build_minio, find_minio
+from deltabus.core.net import port_taken
+from deltabus.core.processes import LAKE_ENV_PREFIXES
+from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
 from tests.helpers import assert_exactly_once, dev_minio_cli, etl_process, wait_for_file
 

@@ -24,9 +24,9 @@ import obstore
 import pytest
 from pydantic import SecretStr
 
-from deltabus.lake import Lake
-from deltabus.notify import CommitNotifier, CommitWatch, notifier_for
-from deltabus.settings import Settings
+from deltabus.bus.notify import CommitNotifier, CommitWatch, notifier_for
+from deltabus.core.settings import Settings
+from deltabus.delta.lake import Lake
 
 WAKE_LIMIT_S = 0.5
 BATCHED = "holds events back"
@@ -92,7 +92,7 @@ def test_commit_wakes_its_table_only(
 ) -> None:
     if not minio_streams:
         pytest.xfail("this MinIO build never flushes ListenBucketNotification (tails poll)")
-    caplog.set_level(logging.DEBUG, logger="deltabus.notify")
+    caplog.set_level(logging.DEBUG, logger="deltabus.bus.notify")
     t1, t2 = notifier.watch("t1"), notifier.watch("t2")
     assert t1.latest == -1
     wait_until(lambda: notifier.healthy, 5, "a healthy stream")
@@ -179,7 +179,7 @@ def test_close_ends_the_thread(notifier: CommitNotifier) -> None:
 def test_wrong_credentials_are_unhealthy_and_quiet(
     minio_lake: Lake, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="deltabus.notify")
+    caplog.set_level(logging.DEBUG, logger="deltabus.bus.notify")
     secret = "wrong-secret-Zq8xV3"
     settings = minio_lake.settings.model_copy(update={"secret_key": SecretStr(secret)})
     notifier = CommitNotifier(Lake(settings))

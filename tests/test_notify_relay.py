@@ -24,13 +24,14 @@ import obstore
 import psutil
 import pytest
 
-from deltabus.errors import StorageError
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer, free_port
-from deltabus.notify import CommitNotifier
-from deltabus.notify_relay import PING_LINE, NotifyRelay, subscribe
-from deltabus.processes import LAKE_ENV_PREFIXES
-from deltabus.settings import Settings, load_settings
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.bus.notify import CommitNotifier
+from deltabus.bus.notify_relay import PING_LINE, NotifyRelay, subscribe
+from deltabus.core.errors import StorageError
+from deltabus.core.net import free_port
+from deltabus.core.processes import LAKE_ENV_PREFIXES
+from deltabus.core.settings import Settings, load_settings
+from deltabus.delta.lake import Lake
 from tests.conftest import minio_settings_for, run_cli
 from tests.helpers import dev_minio_cli
 from tests.test_notify import commit_key, drain, put_and_wait, wait_until

@@ -1,4 +1,4 @@
-"""Poll pacing (deltabus.pacing): in step with the writer, backing off when quiet, and what
+"""Poll pacing (deltabus.bus.pacing): in step with the writer, backing off when quiet, and what
 a quiet ETL costs on a real MinIO, counted by MinIO's own request metrics."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from deltabus.bench.cost import RequestMeter
-from deltabus.lake import Lake
-from deltabus.pacing import Pacer
-from deltabus.producer import Producer, ProducerConfig
+from deltabus.adapters.bench.cost import RequestMeter
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.bus.pacing import Pacer
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
 from tests.helpers import etl_process, read_unified, wait_for_file
 
@@ -120,7 +120,7 @@ def test_a_quiet_etl_costs_little_and_wakes_for_the_next_commit(minio, tmp_path:
 
 
 class FakeClock:
-    """Stands in for the `time` module inside deltabus.pacing: simulated seconds."""
+    """Stands in for the `time` module inside deltabus.bus.pacing: simulated seconds."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -157,7 +157,7 @@ def simulate_tail(
     after the first `settle` commits."""
     import random
 
-    import deltabus.pacing as pacing
+    import deltabus.bus.pacing as pacing
 
     clock = FakeClock()
     monkeypatch.setattr(pacing, "time", clock)
@@ -252,7 +252,7 @@ def test_a_look_that_went_out_late_does_not_move_the_aim(
     """A first look that finds its commit moves the aim earlier; one that went out late,
     because the tail was busy with the rows before, must not: it found the commit only
     because it looked late (the aim of a busy tail at 1000 ms dived 150 ms that way)."""
-    import deltabus.pacing as pacing
+    import deltabus.bus.pacing as pacing
 
     clock = FakeClock()
     monkeypatch.setattr(pacing, "time", clock)
@@ -284,7 +284,7 @@ def test_an_aim_far_too_early_comes_back_in_a_few_commits(
     """An aim 0.9 s early (taken at start-up) makes every first look at 1000 ms commits
     miss and polls every 20 ms until the commit lands: by AIM_UP_S a commit it took over
     a hundred commits to come back. It must be back within fifteen."""
-    import deltabus.pacing as pacing
+    import deltabus.bus.pacing as pacing
 
     clock = FakeClock()
     monkeypatch.setattr(pacing, "time", clock)
@@ -320,7 +320,7 @@ def test_a_tail_reads_on_only_when_the_next_commit_is_due(
 ) -> None:
     """After a fresh commit the next one is not due: reading on would be a GET that finds
     nothing. A commit older than a gap means the tail is behind: it reads on."""
-    import deltabus.pacing as pacing
+    import deltabus.bus.pacing as pacing
 
     clock = FakeClock()
     monkeypatch.setattr(pacing, "time", clock)

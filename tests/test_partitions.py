@@ -14,11 +14,17 @@ import numpy as np
 import obstore
 import pytest
 
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.partitions import LAYOUT_KEY, Layout, ensure_layout, partition_of, read_layout
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.results import export_results
+from deltabus.apps.timezones.layout import (
+    LAYOUT_KEY,
+    Layout,
+    ensure_layout,
+    partition_of,
+    read_layout,
+)
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.results import export_results
+from deltabus.core.errors import ConfigError
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import assert_exactly_once, etl_process, read_table, wait_for_file
 
@@ -201,7 +207,7 @@ def test_partitions_that_got_only_the_closing_commit_are_finished_too(
     closing commit, which has none. The ETL must still take every partition's position
     to its last version and record the run as finished there, or the run never counts as
     finished and the lag never reaches 0."""
-    from deltabus.etl.positions import recorded_finished_runs, recorded_positions
+    from deltabus.apps.timezones.etl.positions import recorded_finished_runs, recorded_positions
 
     lake = minio_lake
     config = ProducerConfig(

@@ -27,14 +27,19 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.local_minio import free_port
-from deltabus.local_opensearch import OpenSearchNode, http_json
-from deltabus.serving import opensearch_connection as osc
-from deltabus.serving.opensearch import IndexReport, OpenSearchSink
-from deltabus.serving.opensearch_compare import compare_index, indexed, indexed_position
-from deltabus.serving.opensearch_target import POSITION_INDEX, OpenSearchTarget, document_id
-from deltabus.serving.sink_loop import ServeConfig
+from deltabus.adapters.dev.opensearch_process import OpenSearchNode, http_json
+from deltabus.adapters.serving import opensearch_connection as osc
+from deltabus.adapters.serving.opensearch import IndexReport, OpenSearchSink
+from deltabus.adapters.serving.opensearch_compare import compare_index, indexed, indexed_position
+from deltabus.adapters.serving.opensearch_target import (
+    POSITION_INDEX,
+    OpenSearchTarget,
+    document_id,
+)
+from deltabus.adapters.serving.sink_loop import ServeConfig
+from deltabus.apps.timezones.contracts import UNIFIED_TABLE
+from deltabus.core.net import free_port
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import wait_for_file
 from tests.opensearch_fixture import OpenSearch

@@ -26,17 +26,18 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from deltabus.errors import ConfigError
-from deltabus.fast_append import TableAppender
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.local_minio import free_port
-from deltabus.local_postgres import PostgresServer
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.serving import pg
-from deltabus.serving.compare import compare, served, served_position
-from deltabus.serving.sink import PostgresSink, ServeConfig
-from deltabus.serving.target import POSITION_TABLE, PostgresTarget
-from deltabus.tables import INPUT_SCHEMA, TABLE_CONFIGURATION, UNIFIED_SCHEMA, ensure_table
+from deltabus.adapters.dev.postgres_process import PostgresServer
+from deltabus.adapters.serving import pg
+from deltabus.adapters.serving.compare import compare, served, served_position
+from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
+from deltabus.adapters.serving.target import POSITION_TABLE, PostgresTarget
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_SCHEMA, UNIFIED_TABLE
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.core.errors import ConfigError
+from deltabus.core.net import free_port
+from deltabus.delta.append import TableAppender
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import TABLE_CONFIGURATION, ensure_table
 from tests.conftest import lake_env, run_cli
 from tests.helpers import assert_exactly_once, etl_process, wait_for_file
 from tests.pg_fixture import Postgres

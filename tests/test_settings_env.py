@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from deltabus.processes import child_env, etl_command
-from deltabus.settings import Settings, load_settings
+from deltabus.core.processes import child_env, etl_command
+from deltabus.core.settings import Settings, load_settings
 from tests.conftest import clear_lake_env
 
 
@@ -88,7 +88,7 @@ def test_notify_url_must_be_a_relay_over_http(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_env_file_writes_are_owner_only(tmp_path: Path) -> None:
-    from deltabus.settings import append_env_file
+    from deltabus.core.settings import append_env_file
 
     path = tmp_path / ".env"
     path.write_text("DELTABUS_PREFIX=mine\n")

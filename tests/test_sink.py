@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 
-from deltabus.etl.sink import BURST, REFILL_PER_INTERVAL, DeltaSinkObserver
-from deltabus.fast_append import TableAppender
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.tables import UNIFIED_SCHEMA, ensure_table
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
+from deltabus.apps.timezones.etl.sink import BURST, REFILL_PER_INTERVAL, DeltaSinkObserver
+from deltabus.delta.append import TableAppender
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 from tests.helpers import batch_row
 
 SOURCES = ("timezone1", "timezone2")

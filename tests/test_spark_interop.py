@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltabus.lake import UNIFIED_TABLE, Lake
-from deltabus.local_minio import MinioServer
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.contracts import UNIFIED_TABLE
+from deltabus.delta.lake import Lake
 from tests.helpers import read_table
 from tests.spark.session import spark_missing, start_spark
 from tests.test_foreign_writers import (

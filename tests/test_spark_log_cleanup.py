@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from deltabus.lake import Lake
+from deltabus.delta.lake import Lake
 from tests.test_foreign_writers import rows, start_etl, stop_etl
 from tests.test_spark_interop import SparkInputs, s3a, spark  # noqa: F401 - fixture
 

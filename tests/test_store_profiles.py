@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.bench.store_profiles import PROFILES, StoreProxy, measure, profile
-from deltabus.bench.tail_proxy import Tail, TailStage
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.local_minio import MinioServer, free_port
+from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy, measure, profile
+from deltabus.adapters.bench.tail_proxy import Tail, TailStage
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.core.errors import ConfigError
+from deltabus.core.net import free_port
+from deltabus.delta.lake import Lake
 from tests.conftest import minio_settings_for
 
 REQUESTS = 250  # per request class

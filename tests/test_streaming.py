@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from deltabus.lake import TABLE_ZONES, Lake
-from deltabus.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.contracts import TABLE_ZONES
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import (
     DATE_FORMAT,

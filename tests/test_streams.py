@@ -21,7 +21,7 @@ import pytest
 from deltalake import DeltaTable
 
 import deltabus
-from deltabus.lake import Lake
+from deltabus.delta.lake import Lake
 from tests.bus_worker import ID_BASE, ORDERS_SCHEMA
 from tests.conftest import lake_env, run_cli
 

@@ -9,7 +9,7 @@ import time
 
 import pathway as pw
 
-from deltabus.etl.ticker import CommitTicker, TickGroup
+from deltabus.apps.timezones.etl.ticker import CommitTicker, TickGroup
 
 
 class Row(pw.Schema):
@@ -33,7 +33,9 @@ class Scripted(pw.io.python.ConnectorSubject):
     def run(self) -> None:
         for rows, go in zip(self.steps, self.go, strict=True):
             go.wait()
-            if rows and self.on_sent:  # as deltabus.etl.source: a fresh time for the rows
+            if (
+                rows and self.on_sent
+            ):  # as deltabus.apps.timezones.etl.source: a fresh time for the rows
                 self.commit()
             self.sent += len(rows)
             for n in rows:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.lake import Lake
-from deltabus.local_minio import free_port
+from deltabus.core.net import free_port
+from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,12 +27,13 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pydantic import SecretStr
 
-from deltabus import retry
-from deltabus.errors import ConfigError, StorageError, user_storage_error
-from deltabus.lake import INPUT_TABLES, PROBE_NAME, Lake
-from deltabus.local_minio import MinioServer, find_minio
-from deltabus.producer import Producer, ProducerConfig
-from deltabus.settings import Settings, load_settings
+from deltabus.adapters.dev.minio_process import MinioServer, find_minio
+from deltabus.apps.timezones.contracts import INPUT_TABLES
+from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.core import retry
+from deltabus.core.errors import ConfigError, StorageError, user_storage_error
+from deltabus.core.settings import Settings, load_settings
+from deltabus.delta.lake import PROBE_NAME, Lake
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
 from tests.test_errors import assert_clean_failure, objects_under
 

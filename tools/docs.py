@@ -5,9 +5,9 @@
 
 Generated parts, each between `<!-- BEGIN generated: NAME -->` and `<!-- END generated -->`:
 
-- `settings` in docs/guide/configuration.md: one row per field of `deltabus.settings.Settings`
+- `settings` in docs/guide/configuration.md: one row per field of `deltabus.core.settings.Settings`
   (variable, type, default, description). A description is the field's `description`, else
-  the comment block right above the field in deltabus/settings.py. A secret's default is
+  the comment block right above the field in deltabus/core/settings.py. A secret's default is
   never printed.
 - `cli` in docs/reference/cli.md: `deltabus --help` and the `--help` of every subcommand,
   run with COLUMNS=100 and NO_COLOR=1.
@@ -145,7 +145,7 @@ def settings_table(settings_cls: type | None = None, source: str | None = None) 
 
     if settings_cls is None:
         _importable()
-        from deltabus.settings import Settings as settings_cls  # noqa: N813
+        from deltabus.core.settings import Settings as settings_cls  # noqa: N813
     if source is None:
         import inspect
 
@@ -179,7 +179,7 @@ def command_paths() -> list[tuple[str, ...]]:
     import typer
 
     _importable()
-    from deltabus.cli import app
+    from deltabus.adapters.cli import app
 
     paths: list[tuple[str, ...]] = []
 

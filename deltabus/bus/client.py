@@ -18,8 +18,8 @@ from deltabus.bus.streams import (
     list_streams,
 )
 from deltabus.bus.transform import Transform, TransformFn
-from deltabus.lake import Lake
-from deltabus.settings import load_settings
+from deltabus.core.settings import load_settings
+from deltabus.delta.lake import Lake
 
 
 class Bus:
@@ -109,7 +109,7 @@ class Bus:
 
 
 def connect(env_file: str | os.PathLike[str] | None = None, /, **settings: object) -> Bus:
-    """Open the lake named by `settings` (fields of deltabus.settings.Settings), the
+    """Open the lake named by `settings` (fields of deltabus.core.settings.Settings), the
     environment and `.env`, in that order of precedence.
 
     Raises:

@@ -20,10 +20,10 @@ import pyarrow as pa
 
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease, assignment
 from deltabus.bus.streams import Stream
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.retry import retry_storage
-from deltabus.tail import DeltaLogTail
+from deltabus.bus.tail import DeltaLogTail
+from deltabus.core.errors import ConfigError
+from deltabus.core.retry import retry_storage
+from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)
 

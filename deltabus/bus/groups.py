@@ -31,9 +31,9 @@ from typing import Any
 import obstore
 
 from deltabus.bus import record_log
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.retry import retry_storage
+from deltabus.core.errors import ConfigError
+from deltabus.core.retry import retry_storage
+from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)
 

@@ -29,13 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from deltabus.bus.streams import Stream, show_schema, written_types
-from deltabus.checkpoints import BackgroundCheckpointer
-from deltabus.errors import ConfigError
-from deltabus.fast_append import TableAppender
-from deltabus.intervals import check_interval
-from deltabus.lake import Lake
-from deltabus.retry import retry_storage
-from deltabus.tables import ensure_table, metadata
+from deltabus.core.errors import ConfigError
+from deltabus.core.intervals import check_interval
+from deltabus.core.retry import retry_storage
+from deltabus.delta.append import TableAppender
+from deltabus.delta.checkpoints import BackgroundCheckpointer
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table, metadata
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 import obstore
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-from deltabus.retry import retry_storage
+from deltabus.core.retry import retry_storage
 
 DIGITS = 12
 

@@ -22,11 +22,11 @@ from typing import Any
 import pyarrow as pa
 
 from deltabus.bus import record_log
-from deltabus.errors import ConfigError
-from deltabus.lake import Lake
-from deltabus.partitions import MAX_PARTITIONS, partition_table
-from deltabus.retry import retry_storage
-from deltabus.tables import ensure_table
+from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
+from deltabus.core.errors import ConfigError
+from deltabus.core.retry import retry_storage
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
 
 STREAMS_PREFIX = "_deltabus/streams"
 STREAM_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -280,7 +280,7 @@ def _create_tables(lake: Lake, stream: Stream) -> None:
 def _set_properties(lake: Lake, stream: Stream, settings: StreamSettings) -> None:
     """Set the table properties `settings` asks for on every partition table (a
     retention going back to the lake's takes the lake's value)."""
-    from deltabus.tables import table_configuration
+    from deltabus.delta.tables import table_configuration
 
     wanted = settings.properties()
     if not wanted and stream.settings.properties():

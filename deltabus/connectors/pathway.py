@@ -30,12 +30,12 @@ import pyarrow as pa
 
 from deltabus.bus.client import Bus
 from deltabus.bus.streams import Stream, written_types
-from deltabus.checkpoints import BackgroundCheckpointer
-from deltabus.errors import ConfigError
-from deltabus.fast_append import TableAppender
-from deltabus.retry import retry_storage
-from deltabus.tables import ensure_table, metadata
-from deltabus.tail import DeltaLogTail
+from deltabus.bus.tail import DeltaLogTail
+from deltabus.core.errors import ConfigError
+from deltabus.core.retry import retry_storage
+from deltabus.delta.append import TableAppender
+from deltabus.delta.checkpoints import BackgroundCheckpointer
+from deltabus.delta.tables import ensure_table, metadata
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Adapters: the command line, serving sinks, the benchmark and local development servers."""

@@ -1,0 +1,290 @@
+"""One benchmark run's verdict: every scheduled message accounted for, and the summary.
+
+The driving loop (deltabus.adapters.bench.runner) hands over what it observed (`RunState`); the
+latency statistics come from deltabus.adapters.bench.analysis, the report files from
+deltabus.adapters.bench.report.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltabus.adapters.bench.analysis import (
+    SAMPLES_TABLE,
+    analyse,
+    build_samples,
+    quarter_drift,
+    recovery,
+    samples_connection,
+    write_samples,
+)
+from deltabus.adapters.bench.config import BenchConfig
+from deltabus.adapters.bench.cost import cost_summary
+from deltabus.adapters.bench.verdict import BEHIND, KEEPING_UP, classify
+from deltabus.adapters.bench.workload import ProducerSpec
+from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
+from deltabus.delta.lake import Lake
+
+log = logging.getLogger("deltabus.adapters.bench")
+
+
+@dataclass
+class Drain:
+    """A backlog drain as it happens: how the ETL went down and when, and once it is back,
+    when it resumed (epoch ms) and how long its restart took to be ready (SIGTERM only)."""
+
+    signal: str  # "term" or "stop" (--drain-signal)
+    down_ms: float
+    resuming: bool = False
+    resumed_ms: float | None = None
+    restart_ready_s: float | None = None
+
+
+@dataclass
+class RunState:
+    """What a run observed, handed from the driving loop to the analysis."""
+
+    backbone: str
+    rate: int
+    start_ms: float = 0.0
+    specs: list[ProducerSpec] = field(default_factory=list)
+    producer_reports: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    drain: Drain | None = None
+    maintenance: list[dict] = field(default_factory=list)
+    cpu: dict = field(default_factory=dict)
+    etl_reports: list[dict] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    requests: dict | None = None  # object-store requests per second by class (MinIO metrics)
+    idle: dict | None = None  # cost with the pipeline running and no traffic
+    served: pa.Table | None = None  # --serve: when each message became visible in the store
+    serving_report: dict | None = None  # --serve: the sink's own report
+    serving_replay: dict | None = None  # --serve-replay: the sink alone loading the table
+
+
+def evaluate_run(
+    cfg: BenchConfig, lake: Lake, state: RunState, inputs: pa.Table, seen: pa.Table
+) -> tuple[dict, dict]:
+    """Account for every scheduled message and shape one run's summary and detail.
+
+    Errors (lost, duplicated or unexpected messages, wrong timestamps, a shifted warm-up)
+    make the command fail; notes explain what limits a figure.
+    """
+    samples, checks = build_samples(inputs, seen)
+    uri = write_samples(lake, samples)
+    con = samples_connection(lake)
+    result = analyse(
+        con,
+        start_ms=state.start_ms,
+        warmup_s=cfg.warmup,
+        duration_s=cfg.duration,
+        interval_s=cfg.interval_s,
+    )
+    # Expected messages from the schedule; lost = expected but never seen.
+    expected = _expected(state.specs, state.start_ms)
+    seen_ids = pl.from_arrow(samples.select(["message"]))
+    missing = expected.join(seen_ids, on="message", how="anti")
+    warm_end = state.start_ms + cfg.warmup * 1000
+    messages = int(expected.filter(pl.col("sent_ms") >= warm_end).height)
+    lost_after = missing.filter(pl.col("sent_ms") >= warm_end)
+    lost_warmup = missing.height - lost_after.height
+    errors = list(state.errors)
+    if lost_after.height or lost_warmup:
+        errors.append(
+            f"{missing.height} message(s) produced but never seen within the grace period "
+            f"({lost_after.height} after the warm-up, {lost_warmup} during it)"
+        )
+    for key in (
+        "duplicate_rows_seen",
+        "seen_but_not_produced",
+        "parsed_timestamp_mismatches",
+        "retractions_seen",
+        "duplicate_inputs",
+    ):
+        if checks[key]:
+            errors.append(f"{key.replace('_', ' ')}: {checks[key]}")
+    if checks["input_commit_unknown"]:
+        state.notes.append(
+            f"{checks['input_commit_unknown']} message(s) without an input commit time: "
+            "the input log had expired and compaction rewrote their files, so the "
+            "first two stages leave them out (end-to-end latency is unaffected)"
+        )
+    if checks["produced_rows"] != expected.height:
+        errors.append(
+            f"the inputs hold {checks['produced_rows']} messages, the schedule {expected.height}"
+        )
+    if not result["first_sent_is_schedule_start"] and result["samples"]:
+        errors.append("the first sample is not the first scheduled message (warm-up shifted)")
+    if result["samples"] != messages - lost_after.height:
+        errors.append(
+            f"samples after warm-up {result['samples']} != messages {messages} - lost "
+            f"{lost_after.height}"
+        )
+    last_commit = float(pc.max(inputs["input_commit_ms"]).as_py() or 0) if inputs.num_rows else 0.0
+    span_s = (last_commit - state.start_ms) / 1000
+    achieved = round(inputs.num_rows / span_s, 1) if span_s > 0 else 0.0
+    max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
+    pct = result["percentiles"]
+    verdict = classify(
+        result["over_time"],
+        cfg.warmup,
+        pct["p99"],
+        cfg.commit_interval if state.backbone == "delta" else None,
+        unseen=int(lost_after.height),
+    )
+    summary = {
+        "rate": state.rate,
+        "backbone": state.backbone,
+        # The Kafka backbone's ETL is Pathway's (deltabus.adapters.bench.kafka_etl).
+        "etl": cfg.etl if state.backbone == "delta" else "pathway",
+        "samples": result["samples"],
+        "messages": messages,
+        "lost": int(lost_after.height),
+        **{k: pct[k] for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")},
+        "achieved_rate": achieved,
+        "max_lag_s": round(max_lag, 3),
+        "verdict": verdict["verdict"],
+        "fell_behind": verdict["verdict"] == BEHIND,
+        "stages": result["stages"],
+        "cost": {
+            **cost_summary(state.cpu, state.rate, state.requests),
+            **({"idle": state.idle} if state.idle else {}),
+        },
+    }
+    if state.served is not None:
+        summary["serving"] = _serving(cfg, state, samples, errors)
+    detail: dict[str, Any] = {
+        **summary,
+        "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
+        "store": cfg.store,
+        "lake_prefix": lake.settings.prefix,
+        "samples_table": uri,
+        "schedule_start_ms": state.start_ms,
+        "warmup_s": cfg.warmup,
+        "duration_s": cfg.duration,
+        "producers": [vars(s) | {"total": s.total} for s in state.specs],
+        "producer_reports": state.producer_reports,
+        "producer_mode": cfg.producer_mode,
+        "partitions": cfg.partitions,
+        "partitioner": cfg.partitioner,
+        "etl_processes": cfg.etl_processes,
+        "etl_reports": state.etl_reports,
+        "cpu": state.cpu,
+        "timings": state.timings,
+        "samples_including_warmup": result["samples_including_warmup"],
+        "lost_during_warmup": lost_warmup,
+        "lost_examples": missing["message"].head(5).to_list(),
+        "checks": checks,
+        "behind": verdict,
+        "errors": errors,
+        "notes": state.notes,
+        "over_time": result["over_time"],
+        "stages_over_time": result["stages_over_time"],
+    }
+    if state.drain is not None and state.drain.resumed_ms is not None:
+        d = state.drain
+        detail["drain"] = {
+            "signal": d.signal,
+            "restart_ready_s": d.restart_ready_s,
+            "down_at_s": round((d.down_ms - state.start_ms) / 1000, 2),
+            **recovery(
+                con,
+                down_ms=d.down_ms,
+                resumed_ms=d.resumed_ms,
+                warmup_end_ms=state.start_ms + cfg.warmup * 1000,
+                threshold_s=cfg.recovery_threshold,
+            ),
+        }
+    elif cfg.backlog_drain and state.backbone == "delta":
+        errors.append("the backlog drain did not complete (the run ended first)")
+    if cfg.soak and state.backbone == "delta":
+        passes = [m for m in state.maintenance if m.get("event") == "pass"]
+        detail["soak"] = {
+            "maintenance_passes": len(passes),
+            "maintenance_errors": [m for m in state.maintenance if m.get("event") == "error"],
+            "maintenance_at_s": [round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes],
+            "maintenance_duration_s": [
+                round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes
+            ],
+            "quarters": quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration),
+            "tables": _table_sizes(lake),
+        }
+    if errors:
+        for e in errors:
+            log.error("%s at %s msg/s: %s", state.backbone, state.rate, e)
+    log.info(
+        "%s at %s msg/s: %d samples, p50 %.3f s, p99 %.3f s, max %.3f s, lost %d%s",
+        state.backbone,
+        f"{state.rate:,}",
+        summary["samples"],
+        summary["p50"] or 0,
+        summary["p99"] or 0,
+        summary["max"] or 0,
+        summary["lost"],
+        f", {summary['verdict'].upper()}" if summary["verdict"] != KEEPING_UP else "",
+    )
+    return summary, detail
+
+
+def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> dict:
+    """--serve: the serving stage, its verdict and its CPU (deltabus.adapters.bench.serving)."""
+    from deltabus.adapters.bench.serving import SERVER_CPU, SINK_CPU, SYSTEMS, serving_summary
+
+    assert state.served is not None and cfg.serve is not None
+    out = serving_summary(
+        samples,
+        state.served,
+        warmup_s=cfg.warmup,
+        interval_s=cfg.interval_s,
+        classify=lambda series, p99, unseen: classify(
+            series, cfg.warmup, p99, cfg.commit_interval, unseen=unseen
+        ),
+        backend=cfg.serve,
+    )
+    if cfg.serve == "opensearch":  # what shapes the stage: the index's refresh interval
+        from deltabus.adapters.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
+
+        out["refresh_interval_ms"] = cfg.serve_refresh_ms or DEFAULT_REFRESH_INTERVAL_MS
+    out["cpu_pct_of_one_core"] = {
+        k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
+    }
+    out["sink_report"] = state.serving_report
+    if state.serving_replay is not None:
+        out["replay"] = state.serving_replay
+    if out["not_served"]:
+        errors.append(
+            f"{out['not_served']} message(s) seen in timezone_unified but never in "
+            f"{SYSTEMS[cfg.serve]}"
+        )
+    return out
+
+
+def _expected(specs: list[ProducerSpec], start_ms: float) -> pl.DataFrame:
+    frames = []
+    for s in specs:
+        index = np.arange(s.total, dtype=np.int64)
+        sent_us = np.round(index * (1_000_000.0 / s.rate))
+        frames.append(
+            pl.DataFrame({"i": index, "sent_ms": start_ms + sent_us / 1000}).select(
+                message=pl.lit(f"{s.run_id}-") + pl.col("i").cast(pl.String),
+                sent_ms=pl.col("sent_ms"),
+            )
+        )
+    return pl.concat(frames) if frames else pl.DataFrame({"message": [], "sent_ms": []})
+
+
+def _table_sizes(lake: Lake) -> dict[str, dict]:
+    sizes = {}
+    for table in (*INPUT_TABLES, UNIFIED_TABLE, SAMPLES_TABLE):
+        if lake.exists(table):
+            dt = lake.open(table)
+            sizes[table] = {"version": dt.version(), "files": len(dt.file_uris())}
+    return sizes

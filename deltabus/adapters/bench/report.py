@@ -1,0 +1,473 @@
+"""report.json (read by the Dagster asset), report.md and the anchors they compare to."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from deltabus.adapters.bench.anchors import ANCHORS, profile_key
+from deltabus.adapters.bench.verdict import KEEPING_UP
+
+RUN_KEYS = (
+    "rate",
+    "backbone",
+    "etl",
+    "samples",
+    "messages",
+    "lost",
+    "p50",
+    "p75",
+    "p85",
+    "p95",
+    "p99",
+    "p99.9",
+    "max",
+    "achieved_rate",
+    "max_lag_s",
+    "verdict",
+    "fell_behind",
+    "stages",
+    "cost",
+)
+
+
+# Steal or I/O wait in the worst second above this (% of all cores) gets a report note.
+STALL_NOTE_PCT = 10.0
+
+
+def store_description(store: str) -> dict[str, Any]:
+    """The store profile as report.json records it: {"profile": name, "summary": ...} and,
+    for a proxied profile, its toxiproxy toxics and tail (bench.store_profiles)."""
+    from deltabus.adapters.bench.store_profiles import profile as store_profile
+
+    return store_profile(store).describe()
+
+
+def store_line(store: str) -> str:
+    """report.md's line naming the store profile."""
+    from deltabus.adapters.bench.store_profiles import TOXIPROXY_VERSION
+    from deltabus.adapters.bench.store_profiles import profile as store_profile
+
+    chosen = store_profile(store)
+    if not chosen.proxied:
+        return f"- store: {chosen.name} ({chosen.summary})"
+    parts = f"toxiproxy {TOXIPROXY_VERSION}" + (
+        " and a per-request tail stage" if chosen.tail else ""
+    )
+    return (
+        f"- store: **{chosen.name}**, {chosen.summary}; {parts} between every component and "
+        "MinIO (their CPU is not in the cost; the machine's busy share includes it)"
+    )
+
+
+# report.md's names of the ETLs (BenchConfig.etl).
+ETL_NAMES = {
+    "pathway": "pathway (deltabus' ETL process)",
+    "spark": "**spark** (Spark Structured Streaming: Delta streaming source and sink, "
+    "trigger processingTime = the commit interval)",
+}
+
+
+def etl_line(runs: list[dict]) -> str:
+    """report.md's line naming the ETL of the Delta runs (the Kafka backbone's is Pathway's)."""
+    etls = sorted({r.get("etl", "pathway") for r in runs if r["backbone"] == "delta"})
+    return "- ETL: " + ", ".join(ETL_NAMES.get(e, e) for e in etls or ["pathway"])
+
+
+def report_json(
+    profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
+) -> dict[str, Any]:
+    """Exactly {profile, store, machine, command, runs: [...], highest_keeping_up_rate}
+    with the documented run keys; `store` as `store_description` gives it."""
+    report = {
+        "profile": profile,
+        "store": store_description(store),
+        "machine": machine,
+        "command": command,
+        "runs": [
+            # A run without "etl" (recorded before --etl existed) ran Pathway's.
+            {k: ({"etl": "pathway"} | run)[k] for k in RUN_KEYS}
+            | ({"serving": run["serving"]} if "serving" in run else {})
+            for run in runs
+        ],
+        "highest_keeping_up_rate": highest_keeping_up(runs),
+    }
+    serving = [r for r in runs if "serving" in r]
+    for backend in dict.fromkeys(serving_backend(r["serving"]) for r in serving):
+        # --serve postgres|opensearch: the sink's own verdict
+        report["highest_keeping_up_rate"][f"{backend} serving"] = highest_keeping_up(
+            [
+                {"backbone": "s", "rate": r["rate"], "verdict": r["serving"]["verdict"]}
+                for r in serving
+                if serving_backend(r["serving"]) == backend
+            ]
+        ).get("s")
+    return report
+
+
+def serving_backend(serving: dict) -> str:
+    """The backend of a run's `serving` figures (runs before OpenSearch had postgres only)."""
+    return str(serving.get("backend", "postgres"))
+
+
+def highest_keeping_up(runs: list[dict]) -> dict[str, int | None]:
+    """Per backbone, the highest rate whose run kept up (over-bound and behind runs do not
+    count), or None."""
+    best: dict[str, int | None] = {}
+    for run in runs:
+        ok = run.get("verdict") == KEEPING_UP
+        current = best.get(run["backbone"])
+        best[run["backbone"]] = max(run["rate"], current or 0) if ok else current
+    return best
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _f(x: float | None, nd: int = 2) -> str:
+    return "—" if x is None else f"{round(x, nd) + 0.0:.{nd}f}"  # + 0.0: no "-0.00"
+
+
+def _pair(p50: float | None, p99: float | None, verdict: str | bool = False) -> str:
+    """'p50 / p99', with the verdict when the run did not keep up."""
+    if p50 is None:
+        return "—"
+    if verdict is True:
+        verdict = "fell behind"  # the anchors' own wording
+    suffix = f" ({verdict})" if verdict and verdict != KEEPING_UP else ""
+    return f"{_f(p50)} / {_f(p99)}{suffix}"
+
+
+def cost_markdown(runs: list[dict]) -> list[str]:
+    """The cost table: CPU per million messages per component, requests, bill per day."""
+    lines = [
+        "## Cost per message",
+        "",
+        "CPU-seconds per million messages per component (a core fully busy for one second is "
+        "one CPU-second), object-store requests per second by class (MinIO's metrics) and the "
+        "request bill per day at list prices.",
+        "",
+        "| backbone | rate | CPU cores in all | CPU-s per M msgs (total: per component) "
+        "| requests/s GET / PUT / HEAD / LIST / DELETE / 404s | requests per M msgs | USD/day |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    prices = ""
+    for r in runs:
+        c = r.get("cost") or {}
+        parts = ", ".join(f"{k} {v:g}" for k, v in c.get("cpu_s_per_million_msgs", {}).items())
+        q = c.get("requests_per_s")
+        reqs = (
+            " / ".join(f"{q.get(k, 0):g}" for k in ("GET", "PUT", "HEAD", "LIST", "DELETE", "404s"))
+            + f" (all {q['total']:g})"
+            if q
+            else "n/a"
+        )
+        prices = c.get("prices", prices)
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | {c.get('cpu_cores_total', '—')} | "
+            f"{c.get('cpu_s_per_million_msgs_total', '—')}: {parts} | {reqs} | "
+            f"{c.get('requests_per_million_msgs', 'n/a')} | "
+            f"{c.get('request_cost_usd_per_day', 'n/a')} |"
+        )
+    for r in runs:
+        idle = (r.get("cost") or {}).get("idle")
+        if idle:
+            cpu = idle["cpu_pct_of_one_core"]
+            busy = sum(v for k, v in cpu.items() if not k.startswith("machine"))
+            q = idle.get("requests_per_s") or {}
+            lines.append(
+                f"\nIdle ({r['backbone']}, after the {r['rate']:,} msg/s run, "
+                f"{idle['seconds']:g} s without traffic): {busy:.1f} % of one core in all "
+                f"({', '.join(f'{k} {v}' for k, v in cpu.items())}), "
+                f"{q.get('total', 'n/a')} requests/s"
+                + (
+                    f"; the first messages sent after it: latency {first:.2f} s"
+                    f" ({idle.get('producer_start_to_seen_s', 0):.2f} s from starting a producer)."
+                    if (first := idle.get("first_after_idle_s")) is not None
+                    else "; the first messages sent after it were not seen within 30 s."
+                )
+            )
+            minutes = idle.get("by_minute") or []
+            if len(minutes) > 1:
+                lines.append(
+                    "Idle by minute, % of one core in all (MinIO): "
+                    + ", ".join(f"{w['all']} ({w.get('minio', '—')})" for w in minutes)
+                    + ". MinIO's data scanner visits what the traffic wrote in its first "
+                    "cycle after it: the first minute carries that deferred cost."
+                )
+    if prices:
+        lines += ["", f"Prices: {prices}."]
+    return lines
+
+
+def serving_markdown(runs: list[dict]) -> list[str]:
+    """--serve postgres|opensearch: the stage unified commit → served (visible in
+    PostgreSQL, searchable in OpenSearch), with the verdict and CPU of the sink and of the
+    store, one table per backend (empty without --serve)."""
+    from deltabus.adapters.bench.config import SERVE_SYSTEMS
+
+    served = [r for r in runs if "serving" in r]
+    lines: list[str] = []
+    for backend in dict.fromkeys(serving_backend(r["serving"]) for r in served):
+        system = SERVE_SYSTEMS.get(backend, backend)
+        mine = [r for r in served if serving_backend(r["serving"]) == backend]
+        if backend == "opensearch":
+            refresh_ms = mine[0]["serving"].get("refresh_interval_ms")
+            how = (
+                "searchable in OpenSearch (a reader polling the index for versions it has not "
+                "seen; the sink acknowledges a batch once searchable, so the stage is about "
+                f"half the refresh interval of {refresh_ms} ms plus the bulk request)"
+            )
+        else:
+            how = f"visible in {system} (a reader polling the served table)"
+        lines += [
+            "",
+            f"Serving stage (`--serve {backend}`): unified commit → {how}, p50 / p99 (s); "
+            f"the verdict applies the keeping-up rule to sent → served in {system}.",
+            "",
+            f"| backbone | rate | unified commit→{system} | sent→{system} | not served "
+            "| verdict | CPU % of one core |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in mine:
+            s = r["serving"]
+            st, e2e = s[f"unified_commit_to_{backend}"], s[f"sent_to_{backend}"]
+            cpu = ", ".join(f"{k} {v}" for k, v in s.get("cpu_pct_of_one_core", {}).items())
+            lines.append(
+                f"| {r['backbone']} | {r['rate']:,} | {_pair(st['p50'], st['p99'])} | "
+                f"{_pair(e2e['p50'], e2e['p99'])} | {s['not_served']:,} | {s['verdict']} | "
+                f"{cpu or '—'} |"
+            )
+        replays = [(r["rate"], r["serving"]["replay"]) for r in mine if "replay" in r["serving"]]
+        if replays:
+            lines += [
+                "",
+                f"The sink alone (`--serve-replay`): after the run, with nothing else running, "
+                f"a fresh sink loaded the unified table's net content into {system}; the "
+                "standalone rate counts its whole run (start, reading the table, loading).",
+                "",
+                "| run's rate | rows | seconds | rows/s | CPU-s: sink / server |",
+                "|---|---|---|---|---|",
+            ]
+            for rate, rp in replays:
+                lines.append(
+                    f"| {rate:,} | {rp['rows'] or 0:,} | {rp['elapsed_s']} | "
+                    f"{rp['rows_per_s'] or 0:,} | {rp['sink_cpu_s']} / "
+                    f"{'—' if rp['server_cpu_s'] is None else rp['server_cpu_s']} |"
+                )
+    return lines
+
+
+def console_text(
+    profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
+) -> str:
+    """What `deltabus bench` prints: report.md's summary, its cost table and, with
+    --serve, its serving stage, rendered from the runs (report.json's `runs` will do)."""
+    return "\n".join(
+        [
+            *summary_lines(profile, machine, command, runs, store),
+            "",
+            *cost_markdown(runs),
+            *serving_markdown(runs),
+        ]
+    ).rstrip()
+
+
+def summary_lines(
+    profile: str, machine: str, command: str, runs: list[dict], store: str = "loopback"
+) -> list[str]:
+    """report.md's title, what was run, and the end-to-end latency beside the anchors."""
+    backbones = sorted({r["backbone"] for r in runs}, key=lambda b: (b != "delta", b))
+    rates = sorted({r["rate"] for r in runs})
+    pk = profile_key(profile)
+    other = "1000ms" if pk == "100ms" else "100ms"
+    by = {(r["backbone"], r["rate"]): r for r in runs}
+    lines = [
+        "# deltabus latency benchmark",
+        "",
+        f"- profile: commit every {profile} (producer and ETL)",
+        etl_line(runs),
+        store_line(store),
+        f"- machine: {machine}",
+        f"- command: `{command}`",
+        "- latency: consumer first sees the row in the unified output minus the message's "
+        "scheduled send time; percentiles over the samples after the warm-up (seconds).",
+        "",
+        "## End-to-end latency vs the anchors",
+        "",
+    ]
+    head = ["rate msg/s"]
+    for b in backbones:
+        spark = any(r.get("etl") == "spark" for r in runs if r["backbone"] == b)
+        head.append(
+            f"deltabus{' + Spark ETL' if spark else ''} commit {pk} p50 / p99 (s)"
+            if b == "delta"
+            else "Kafka p50 / p99 (s)"
+        )
+    head += [f"anchor commit {pk} p50 / p99 (s)", f"anchor commit {other} p50 / p99 (s)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rate in rates:
+        row = [f"{rate:,}"]
+        for b in backbones:
+            r = by.get((b, rate))
+            row.append(_pair(r["p50"], r["p99"], r["verdict"]) if r else "—")
+        for key in (pk, other):
+            a = ANCHORS.get(key, {}).get(rate)
+            row.append(_pair(a[0], a[1], a[2]) if a else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def report_markdown(
+    profile: str,
+    machine: str,
+    command: str,
+    runs: list[dict],
+    details: list[dict],
+    plots: dict[str, str],
+    notes: list[str],
+    store: str = "loopback",
+) -> str:
+    lines = summary_lines(profile, machine, command, runs, store)
+    lines += [
+        "",
+        "## All percentiles",
+        "",
+        "| backbone | rate | samples | messages | lost | p50 | p75 | p85 | p95 | p99 | p99.9 "
+        "| max | achieved msg/s | max producer lag s | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | {r['samples']:,} | {r['messages']:,} | "
+            f"{r['lost']:,} | "
+            + " | ".join(_f(r[k]) for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max"))
+            + f" | {r['achieved_rate']:,.0f} | {_f(r['max_lag_s'], 3)} | "
+            f"{r['verdict']} |"
+        )
+    lines += ["", *cost_markdown(runs)]
+    lines += [
+        "",
+        "## Where the time goes (stage medians and p99s, seconds)",
+        "",
+        "Segments: sent → input commit (Delta `_commit_timestamp` of the input version; Kafka "
+        "log-append time) → ETL processed (Pathway `time`) → unified commit (Delta "
+        "`_commit_timestamp`; Kafka log-append time) → seen by the consumer.",
+        "",
+        "| backbone | rate | sent→input commit | input commit→ETL | ETL→unified commit "
+        "| unified commit→seen | end to end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        st = r["stages"]
+        cells = [_pair(st[k]["p50"], st[k]["p99"]) for k in st]
+        lines.append(
+            f"| {r['backbone']} | {r['rate']:,} | "
+            + " | ".join(cells)
+            + f" | {_pair(r['p50'], r['p99'])} |"
+        )
+    lines += serving_markdown(runs)
+    lines += ["", "## Run details", ""]
+    for r, d in zip(runs, details, strict=True):
+        lines.append(f"### {r['backbone']} at {r['rate']:,} msg/s")
+        lines.append("")
+        behind = d["behind"]
+        lines.append(
+            f"- verdict: **{r['verdict']}** (backlog when producing ended "
+            f"{behind['backlog_at_end_s']} s, quarter p50s {behind['quarter_p50_s']} s, "
+            f"p50 trend {behind['slope_s_per_s']} s/s, p99 bound {behind['p99_bound_s']:g} s; "
+            f"rule: {behind['rule']})"
+        )
+        if d.get("cpu"):
+            cpu = ", ".join(f"{k} {v}%" for k, v in d["cpu"].items())
+            lines.append(f"- CPU during the load (% of one core): {cpu}")
+        if d.get("lost_examples"):
+            lines.append(f"- **lost messages** (e.g. {', '.join(d['lost_examples'])})")
+        for key in ("checks_failed", "errors"):
+            for item in d.get(key, []):
+                lines.append(f"- **{key.replace('_', ' ')}**: {item}")
+        if d.get("drain"):
+            dr = d["drain"]
+            restart = f", restart took {dr['restart_ready_s']} s" if dr["restart_ready_s"] else ""
+            lines.append(
+                f"- backlog drain ({dr['signal']}): {_drained(d)} down {dr['down_s']} s{restart}, "
+                f"{dr['backlog_messages']:,} messages backlog, peak latency "
+                f"{dr['peak_latency_s']} s; backlog drained {dr['backlog_drained_s']} s after "
+                f"the resumption; back under {dr['threshold_s']} s after "
+                f"{dr['recovery_s_p99']} s (p99) / {dr['recovery_s_p50']} s (p50), under twice "
+                f"the pre-outage p99 ({dr['baseline_p99_s']} s) after "
+                f"{dr['recovery_s_to_2x_baseline_p99']} s (None: not within the run. Rule: "
+                f"{dr['rule']})"
+            )
+        if d.get("soak"):
+            sk = d["soak"]
+            q = "; ".join(
+                f"Q{x['quarter']} {_f(x['p50'])} / {_f(x['p99'])}" for x in sk["quarters"]
+            )
+            lines.append(
+                f"- soak: {sk['maintenance_passes']} maintenance passes; p50 / p99 per quarter: {q}"
+            )
+            if sk.get("tables"):
+                lines.append(f"- tables at the end: {sk['tables']}")
+        plot = plots.get(f"{r['backbone']}-{r['rate']}")
+        if plot:
+            lines += ["", f"![latency over time]({plot})"]
+        lines.append("")
+    if plots.get("rates"):
+        lines += ["## Percentiles versus rate", "", f"![percentiles vs rate]({plots['rates']})", ""]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def write_reports(
+    out: Path, cfg: Any, machine: dict, runs: list[dict], details: list[dict]
+) -> dict[str, Any]:
+    """report.json, report.md and the plots of a benchmark in `out`; returns report.json."""
+    from deltabus.adapters.bench.plots import latency_over_time, percentiles_vs_rate
+
+    plots: dict[str, str] = {}
+    for r, d in zip(runs, details, strict=True):
+        name = f"latency-{r['backbone']}-{r['rate']}.png"
+        outage = None
+        if d.get("drain"):
+            dr = d["drain"]
+            outage = (dr["down_at_s"], dr["down_at_s"] + dr["down_s"])
+        latency_over_time(
+            out / name,
+            f"{r['backbone']} at {r['rate']:,} msg/s"
+            + (f", commit {cfg.profile}" if r["backbone"] == "delta" else ""),
+            d["over_time"],
+            cfg.warmup,
+            outage=outage,
+            marks=(d.get("soak") or {}).get("maintenance_at_s"),
+        )
+        plots[f"{r['backbone']}-{r['rate']}"] = name
+    percentiles_vs_rate(out / "percentiles-vs-rate.png", cfg.profile, runs)
+    plots["rates"] = "percentiles-vs-rate.png"
+    notes = [n for d in details for n in d.get("notes", [])]
+    if any(d["cpu"].get("machine_busy_pct_of_all_cores", 0) > 95 for d in details):
+        notes.append("the machine was CPU-saturated during at least one run (see CPU lines)")
+    for d in details:
+        for kind, what in (("steal", "the hypervisor took"), ("iowait", "waiting for the disk:")):
+            worst = d["cpu"].get(f"machine_{kind}_worst_second_pct", 0)
+            if worst >= STALL_NOTE_PCT:
+                notes.append(
+                    f"{d['backbone']} at {d['rate']:,} msg/s: {what} {worst:g} % of the CPUs "
+                    f"in the worst second ({kind}); a stall in every stage at once may be that"
+                )
+    report = report_json(cfg.profile, machine, cfg.command, runs, cfg.store)
+    write_json(out / "report.json", report)
+    (out / "report.md").write_text(
+        report_markdown(cfg.profile, machine, cfg.command, runs, details, plots, notes, cfg.store)
+    )
+    report["errors"] = [f"{d['backbone']} {d['rate']}: {e}" for d in details for e in d["errors"]]
+    return report
+
+
+def _drained(run: dict) -> str:
+    """Which ETL a backlog drain took down: the one, or process 0 of several."""
+    n = run.get("etl_processes", 1)
+    return f"ETL process 0 (of {n})" if n > 1 else "ETL"

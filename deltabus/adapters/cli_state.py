@@ -1,0 +1,44 @@
+"""What every `deltabus` command shares: the global options, the settings, the lake.
+
+Kept apart from deltabus.adapters.cli so that commands defined in other modules (`deltabus bench`)
+can use them without importing the CLI module that registers them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deltabus.core import retry
+from deltabus.core.errors import ConfigError
+from deltabus.core.settings import Settings, load_settings
+from deltabus.delta.lake import Lake
+
+
+class State:
+    env_file: Path | None = None
+    prefix: str | None = None
+    as_json: bool = False
+    settings: Settings | None = None  # once loaded: names the lake in storage errors
+
+
+state = State()
+
+
+def settings() -> Settings:
+    s = load_settings(state.env_file)
+    if state.prefix is not None:
+        try:
+            s = s.with_prefix(state.prefix)
+        except ConfigError as exc:
+            raise ConfigError(f"--prefix: {exc.problem}", exc.hint) from None
+    retry.configure(s.retry_max_wait_s)  # the budget may come from .env, not the environment
+    state.settings = s
+    return s
+
+
+def lake(check: bool = True, write: bool = False) -> Lake:
+    """The configured lake; `check` fails fast when it is unusable, `write` when read-only."""
+    lk = Lake(settings())
+    if check:
+        lk.check(write=write)
+    return lk

@@ -1,0 +1,1 @@
+"""Local development servers: MinIO, PostgreSQL and OpenSearch processes, and their stacks."""

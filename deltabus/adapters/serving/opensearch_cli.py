@@ -1,0 +1,153 @@
+"""`deltabus opensearch up|down` and `deltabus serve opensearch`, registered by
+adapters.cli.
+
+Imports only typer and the standard library at load time: the OpenSearch client loads
+when a command runs.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from deltabus.adapters.cli_state import lake, state
+from deltabus.core.errors import ConfigError
+from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS, from_ms
+
+DEFAULT_DATA_DIR = Path(".deltabus/opensearch")
+
+opensearch_app = typer.Typer(
+    help="A local OpenSearch node on loopback for development.", no_args_is_help=True
+)
+
+
+@opensearch_app.command("up")
+def opensearch_up(
+    data_dir: Annotated[
+        Path, typer.Option(help="Where the node keeps its data, config and log.")
+    ] = DEFAULT_DATA_DIR,
+) -> None:
+    """Start a local OpenSearch node on loopback for the index sink (Java 17; its jars
+    are fetched with Maven into ~/.cache/deltabus once).
+
+    Without DELTABUS_OPENSEARCH_URL, starts one on a free port of 9201-9299 and appends
+    its URL to .env.
+    """
+    from deltabus.adapters.dev.opensearch import opensearch_up as up
+
+    print(up(state.env_file, data_dir))
+
+
+@opensearch_app.command("down")
+def opensearch_down(
+    data_dir: Annotated[Path, typer.Option(help="The data directory given to `up`.")] = (
+        DEFAULT_DATA_DIR
+    ),
+) -> None:
+    """Stop the local OpenSearch node started by `deltabus opensearch up`."""
+    from deltabus.adapters.dev.opensearch import opensearch_down as down
+
+    print(down(data_dir))
+
+
+def opensearch_url(url: str | None) -> str:
+    """--url, else DELTABUS_OPENSEARCH_URL; a clear error when neither is set."""
+    from deltabus.adapters.cli_state import settings as load
+
+    if url:
+        return url
+    configured = load().opensearch_url
+    if configured is None:
+        raise ConfigError(
+            "no OpenSearch configured for the index sink",
+            "set DELTABUS_OPENSEARCH_URL (http://HOST:PORT or https://USER:PASSWORD@HOST:PORT), "
+            "or start a local node with `deltabus opensearch up`",
+        )
+    return configured.get_secret_value()
+
+
+def serve_opensearch(
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow/--once",
+            help="--follow: keep serving new commits until SIGTERM / Ctrl-C; --once: catch "
+            "up to the unified version current at start, then stop.",
+        ),
+    ] = True,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="OpenSearch URL; default DELTABUS_OPENSEARCH_URL (prefer it: a password on "
+            "a command line is visible to other users of the machine)."
+        ),
+    ] = None,
+    index: Annotated[str, typer.Option(help="The served index (created when missing).")] = (
+        "indexed_unified"
+    ),
+    poll_interval_ms: Annotated[
+        float, typer.Option(help="Poll timezone_unified for new versions this often (ms).")
+    ] = DEFAULT_POLL_INTERVAL_MS,
+    max_versions: Annotated[
+        int, typer.Option(help="At most this many unified versions per batch.")
+    ] = 50,
+    refresh_interval_ms: Annotated[
+        int,
+        typer.Option(
+            help="The index's refresh interval (ms): a batch is acknowledged once searchable, "
+            "so this bounds its wait; shorter costs more segments and merges.",
+        ),
+    ] = 1000,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Create this file once the sink is following.")
+    ] = None,
+) -> None:
+    """Keep an OpenSearch index equal to timezone_unified's net content, exactly once.
+
+    One document per message (_id: the message); retractions delete, insertions index;
+    each write carries the unified version as its external version, and the sink's
+    position is a document of deltabus_sink_position.
+    """
+    from deltabus.adapters.cli import emit
+    from deltabus.adapters.serving import opensearch_connection as osc
+    from deltabus.adapters.serving.opensearch import OpenSearchSink
+    from deltabus.adapters.serving.opensearch_target import check_index_name
+    from deltabus.adapters.serving.sink_loop import ServeConfig
+
+    if not 1 <= max_versions <= 10_000:
+        raise ConfigError("--max-versions must be 1..10000")
+    if not 1 <= refresh_interval_ms <= 60_000:
+        raise ConfigError("--refresh-interval-ms must be 1..60000")
+    config = ServeConfig(
+        table=check_index_name(index),
+        follow=follow,
+        poll_interval=from_ms(poll_interval_ms, "poll interval"),
+        max_versions_per_txn=max_versions,
+        ready_file=ready_file,
+    )
+    target_url = opensearch_url(url)
+    osc.parse(target_url)
+    lk = lake()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        sink = OpenSearchSink(lk, target_url, config, stop, refresh_interval_ms)
+        report = sink.run().as_dict()
+    except Exception as exc:
+        error = osc.user_error(exc, target_url)
+        if error is None:
+            raise
+        raise type(error)(osc.redact(error.problem, target_url), error.hint) from None
+    if not follow:  # the indexed document count next to the unified table's net content
+        from deltabus.adapters.serving.compare import unified_net_count
+
+        items = list(report.items())
+        at = [k for k, _ in items].index("indexed_docs") + 1
+        items.insert(at, ("unified_net_rows", unified_net_count(lk)))
+        report = dict(items)
+    emit("serve report", report)

@@ -1,0 +1,307 @@
+"""`deltabus streams|groups` and the stream modes of `produce` and `consume`: a user's own
+streams from the command line, as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import date, datetime
+from typing import IO, Annotated, Any
+
+import typer
+
+from deltabus.adapters.cli_state import lake, state
+from deltabus.core.errors import ConfigError
+
+log = logging.getLogger("deltabus")
+
+streams_app = typer.Typer(help="Declare and inspect streams of your own.", no_args_is_help=True)
+groups_app = typer.Typer(help="Inspect consumer groups.", no_args_is_help=True)
+
+SIMPLE_TYPES = {
+    "bool": "bool_",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "float32": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "string": "string",
+    "binary": "binary",
+    "date32": "date32",
+}
+TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:,\s*([^\]]+))?\]")
+COLUMN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([a-z0-9_]+(?:\[[^\]]*\])?)\s*(!?)\s*")
+
+
+def parse_schema(text: str) -> Any:
+    """`name:type[!], ...` as an Arrow schema; `!` marks a required (non-null) column.
+    Types: bool, int8-64, uint8-64, float32, float64, string, binary, date32,
+    timestamp[unit] and timestamp[unit,zone]."""
+    import pyarrow as pa
+
+    fields = []
+    for part in _split_columns(text):
+        match = COLUMN.fullmatch(part)
+        if match is None:
+            raise ConfigError(
+                f"--schema: {part.strip()!r} is not a column",
+                "write columns as name:type, e.g. order_id:int64!,ts:timestamp[ms,UTC]",
+            )
+        name, kind, required = match.groups()
+        stamp = TIMESTAMP.fullmatch(kind)
+        if stamp is not None:
+            arrow_type = pa.timestamp(stamp.group(1), stamp.group(2))
+        elif kind in SIMPLE_TYPES:
+            arrow_type = getattr(pa, SIMPLE_TYPES[kind])()
+        else:
+            raise ConfigError(
+                f"--schema: unknown type {kind!r} of column {name}",
+                f"use one of {', '.join(SIMPLE_TYPES)}, timestamp[unit] or timestamp[unit,zone]",
+            )
+        fields.append(pa.field(name, arrow_type, nullable=not required))
+    if not fields:
+        raise ConfigError(
+            "--schema names no columns", "e.g. --schema order_id:int64!,amount:float64"
+        )
+    return pa.schema(fields)
+
+
+def _split_columns(text: str) -> list[str]:
+    """Split at commas outside brackets (timestamp[ms,UTC] is one type)."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        parts.append(current)
+    return parts
+
+
+def _bus():  # noqa: ANN202 - deltabus.Bus, imported late to keep --help fast
+    from deltabus.bus.client import Bus
+
+    return Bus(lake(write=True))
+
+
+def _print(value: object) -> None:
+    print(json.dumps(value, default=str, indent=None if state.as_json else 2))
+
+
+@streams_app.command("create")
+def streams_create(
+    name: Annotated[str, typer.Argument(help="Stream name: lower-case letters, digits, '_'.")],
+    schema: Annotated[
+        str,
+        typer.Option(
+            help="Columns as name:type[!] separated by commas ('!': required), e.g. "
+            "order_id:int64!,amount:float64,ts:timestamp[ms,UTC],customer:string."
+        ),
+    ],
+    partitions: Annotated[int, typer.Option(help="Partition tables (1..64); fixed.")] = 1,
+    key: Annotated[
+        str | None, typer.Option(help="Column whose value picks a record's partition.")
+    ] = None,
+    log_retention_s: Annotated[
+        int | None,
+        typer.Option(help="Keep log entries this long (default: the lake's log retention)."),
+    ] = None,
+    checkpoint_interval: Annotated[
+        int | None,
+        typer.Option(help="Checkpoint every this many versions (default: the lake's)."),
+    ] = None,
+    compaction: Annotated[
+        bool | None,
+        typer.Option(
+            "--compaction/--no-compaction",
+            help="Whether lake maintenance compacts the stream's files (default: yes).",
+        ),
+    ] = None,
+) -> None:
+    """Declare a stream (idempotent). Declaring it again with new nullable columns at
+    the end adds them; settings given change the recorded ones; any other change is
+    refused."""
+    from deltabus.bus.streams import StreamSettings
+
+    bus = _bus()
+    given = {
+        "log_retention_s": log_retention_s,
+        "checkpoint_interval": checkpoint_interval,
+        "compaction": compaction,
+    }
+    settings = None
+    if any(v is not None for v in given.values()):
+        recorded = bus.stream(name).settings if name in bus.streams() else StreamSettings()
+        settings = StreamSettings(
+            **{k: (getattr(recorded, k) if v is None else v) for k, v in given.items()}
+        )
+    stream = bus.create_stream(
+        name, parse_schema(schema), partitions=partitions, key=key, settings=settings
+    )
+    _print(_described(stream))
+
+
+@streams_app.command("list")
+def streams_list() -> None:
+    """The streams declared in the lake."""
+    for name in _bus().streams():
+        print(name)
+
+
+@streams_app.command("describe")
+def streams_describe(name: Annotated[str, typer.Argument(help="Stream name.")]) -> None:
+    """A stream's declaration, and each partition table's latest version."""
+    bus = _bus()
+    stream = bus.stream(name)
+    described = _described(stream)
+    described["versions"] = {t: bus.lake.open(t).version() for t in stream.tables}
+    _print(described)
+
+
+def _described(stream: Any) -> dict[str, Any]:
+    record = stream.record()
+    record.pop("schema_ipc")
+    return {**record, "revision": stream.revision, "tables": stream.tables}
+
+
+@groups_app.command("describe")
+def groups_describe(
+    group: Annotated[str, typer.Argument(help="Consumer group name.")],
+    stream: Annotated[
+        list[str] | None, typer.Option(help="Only these streams (default: every stream).")
+    ] = None,
+) -> None:
+    """A group's live members, and per partition its holder, position and lag (versions
+    landed that the group has not committed)."""
+    _print(_bus().describe_group(group, stream))
+
+
+# -- produce and consume -------------------------------------------------------------------
+
+
+def _record(line: str, number: int, types: dict[str, Any]) -> dict[str, Any]:
+    """One JSON line as a record: ISO text in timestamp and date columns becomes their
+    value; numbers there are taken in the column's unit."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"line {number}: not JSON ({exc.msg})", "give one JSON object per line"
+        ) from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"line {number}: not a JSON object", "give one JSON object per line")
+    for name, kind in types.items():
+        value = record.get(name)
+        if isinstance(value, str) and kind in ("timestamp", "date"):
+            try:
+                parsed = datetime.fromisoformat(value)
+                record[name] = parsed.date() if kind == "date" else parsed
+            except ValueError:
+                raise ConfigError(
+                    f"line {number}: {name} is not an ISO date or time: {value!r}",
+                    "write e.g. 2026-11-26T12:00:00Z, or a number in the column's unit",
+                ) from None
+    return record
+
+
+def produce_stream(
+    name: str, producer_id: str | None, commit_interval_ms: float, lines: IO[str]
+) -> None:
+    """Send stdin's JSON lines to stream `name`; with a producer id seen before, the lines
+    it already committed are skipped (rerun with the same input to finish it)."""
+    import pyarrow as pa
+
+    from deltabus.bus.producer import RecordError
+
+    bus = _bus()
+    stream = bus.stream(name)
+    types = {
+        f.name: "timestamp"
+        if pa.types.is_timestamp(f.type)
+        else "date"
+        if pa.types.is_date(f.type)
+        else ""
+        for f in stream.schema
+    }
+    pid = producer_id or f"cli-{uuid.uuid4().hex[:12]}"
+    producer = bus.producer(name, pid, int(commit_interval_ms))
+    skip = producer.committed
+    if skip:
+        log.info("producer %s committed %d records before: skipping that many lines", pid, skip)
+    number = 0
+    try:
+        for number, line in enumerate(lines, start=1):
+            if number <= skip or not line.strip():
+                continue
+            try:
+                producer.send(_record(line, number, types))
+            except RecordError as exc:
+                raise ConfigError(f"line {number}: {exc.problem}", exc.hint) from None
+    except ConfigError as exc:
+        committed = producer.flush()
+        producer.close()
+        raise ConfigError(
+            f"{exc.problem}; the {committed} records before it are committed, nothing after",
+            f"{exc.hint}; then run again with --producer-id {pid} and the same input to "
+            "send the rest",
+        ) from None
+    producer.close()
+    report = {"stream": name, "producer_id": pid, "committed": producer.committed, "skipped": skip}
+    print(json.dumps(report), file=sys.stderr if not state.as_json else sys.stdout)
+
+
+def consume_stream(
+    name: list[str], group: str, start: str, max_records: int | None, idle_exit_s: float | None
+) -> None:
+    """Write the streams' records as JSON lines (columns, `diff`, `_stream`,
+    `_partition`, `_version`), committing after each batch is written."""
+    bus = _bus()
+    consumer = bus.consumer(name, group, start=start, auto_commit=False)
+    written, idle_since = 0, time.monotonic()
+    try:
+        while max_records is None or written < max_records:
+            batch = consumer.poll(0.5)
+            if batch is None:
+                if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for row in _rows(batch):
+                sys.stdout.write(json.dumps(row, default=_plain) + "\n")
+                written += 1
+            sys.stdout.flush()
+            consumer.commit()
+    finally:
+        consumer.close()
+
+
+def _rows(batch: Any) -> Iterator[dict[str, Any]]:
+    for row in batch.rows.to_pylist():
+        yield {
+            **row,
+            "_stream": batch.stream,
+            "_partition": batch.partition,
+            "_version": batch.version,
+        }
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)

@@ -1,0 +1,313 @@
+"""The Pathway program: tail both input tables, parse `date`, write the unified table.
+
+Run it in its own process (`deltabus etl`); it never runs inside Dagster's process.
+On start it resumes from the input positions recorded in the unified table's log, so a
+killed ETL restarted with the same lake produces every message exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pathway as pw
+
+from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
+from deltabus.apps.timezones.etl.dates import unify_chunk
+from deltabus.apps.timezones.etl.positions import recorded_finished_runs, recorded_positions
+from deltabus.apps.timezones.etl.rejects import RejectsWriter
+from deltabus.apps.timezones.etl.sink import DeltaSinkObserver
+from deltabus.apps.timezones.etl.source import BatchSchema, DeltaTailSubject
+from deltabus.apps.timezones.etl.ticker import CommitTicker, TickGroup
+from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
+from deltabus.bus.fence import claim
+from deltabus.core.errors import ConfigError
+from deltabus.core.gctune import tune_gc_for_streaming
+from deltabus.core.intervals import (
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_POLL_INTERVAL_MS,
+    check_interval,
+)
+from deltabus.core.retry import retry_storage, stop_waiting_on
+from deltabus.delta.append import TableAppender
+from deltabus.delta.checkpoints import BackgroundCheckpointer
+from deltabus.delta.lake import Lake
+from deltabus.delta.tables import ensure_table
+
+log = logging.getLogger(__name__)
+
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
+# What the ETL does with an input data file that cannot be read as Parquet.
+CORRUPT_FILE_ACTIONS = ("stop", "skip")
+
+
+@dataclass(frozen=True)
+class EtlConfig:
+    bounded: bool = True
+    commit_interval: float = DEFAULT_COMMIT_INTERVAL_MS / 1000
+    poll_interval: float = DEFAULT_POLL_INTERVAL_MS / 1000
+    expected_producers: int = 1
+    # Bounded mode: stop at these producer runs' finish markers, not at a count of runs.
+    until_runs: frozenset[str] = frozenset()
+    # Pathway commits an output's inputs every tick_ms while rows are on their way to it,
+    # none while idle (deltabus.apps.timezones.etl.ticker).
+    tick_ms: int = 10
+    threads: int = 1
+    # This ETL is process `process` of `processes`, and owns the partitions i with
+    # i mod processes == process (deltabus.apps.timezones.layout); 0 of 1 owns them all.
+    process: int = 0
+    processes: int = 1
+    # Partitions per stream when the lake has no layout yet (an ETL started before its
+    # producer); None: the lake's layout.
+    partitions: int | None = None
+    # An input data file that cannot be read as Parquet: "stop" (exit 2 naming the table,
+    # the version and the file; nothing of that version is written) or "skip" (the file
+    # is left out, logged and counted in `EtlReport.skipped_files`). None: the lake
+    # settings' `on_corrupt_file` (DELTABUS_ON_CORRUPT_FILE).
+    on_corrupt_file: str | None = None
+
+    def __post_init__(self) -> None:
+        check_interval(self.commit_interval, "commit interval")
+        check_interval(self.poll_interval, "poll interval")
+        if not 1 <= self.threads <= 64:
+            raise ConfigError(f"threads must be 1..64, got {self.threads}")
+        if self.expected_producers < 1:
+            raise ConfigError("expected producers must be at least 1")
+        if self.on_corrupt_file is not None and self.on_corrupt_file not in CORRUPT_FILE_ACTIONS:
+            raise ConfigError(
+                f"on corrupt file must be one of {', '.join(CORRUPT_FILE_ACTIONS)}, "
+                f"got {self.on_corrupt_file!r}",
+                "use --on-corrupt-file stop (the default) or --on-corrupt-file skip",
+            )
+
+
+@dataclass
+class EtlReport:
+    rows: int
+    rejected: int
+    commits: int
+    unified_version: int
+    elapsed_s: float
+    throughput_rows_s: float
+    positions: dict[str, int]
+    resumed_from: dict[str, int]
+    retractions: int = 0  # rows an input lost (delete, update), written with diff -1
+    skipped_change_commits: int = 0  # input commits skipped by DELTABUS_SKIP_CHANGE_COMMITS
+    skipped_files: int = 0  # unreadable input data files left out (--on-corrupt-file skip)
+    partitions: list[int] = field(default_factory=lambda: [0])  # the partitions it owned
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@pw.udf(deterministic=True)
+def _unify(rows: pw.PyObjectWrapper) -> pw.PyObjectWrapper:
+    """One input version's rows in the unified contract (etl.dates.unify_chunk)."""
+    return pw.wrap_py_object(unify_chunk(rows.value))
+
+
+def unified_expression(batches: pw.Table) -> pw.Table:
+    """Parse every version batch's `date` into epoch milliseconds (UTC).
+
+    `rows` becomes an Arrow table of `timestamp` (the double nearest to the date's epoch
+    milliseconds), `message` and `diff` (-1 for a row an input lost: delete, update
+    pre-image), which the sink writes with the batch's Pathway time as every row's `time`
+    (the time a flattened row would carry: flattening keeps its batch's time). A batch is
+    one Pathway row: the engine's cost per row, not per message (BatchSchema). The UDF is
+    deterministic, so Pathway keeps no copy of its results.
+    """
+    return batches.select(rows=_unify(pw.this.rows), source=pw.this.source, version=pw.this.version)
+
+
+@dataclass
+class _Flow:
+    """One unified partition's part of the dataflow: its input tails and its sink."""
+
+    subjects: list[DeltaTailSubject]
+    sink: DeltaSinkObserver
+    resumed_from: dict[str, int]
+
+    def tick_group(self) -> TickGroup:
+        """The inputs to commit while rows sent to them have not reached the sink."""
+        subjects, sink = self.subjects, self.sink
+        return TickGroup(
+            subjects, lambda: any(s.sent_version > sink.seen(s.table) for s in subjects)
+        )
+
+
+def _partition_flow(
+    lake: Lake,
+    config: EtlConfig,
+    layout: Layout,
+    partition: int,
+    mode: str,
+    stop: threading.Event,
+    rejects: RejectsWriter,
+    mark_ready: Callable[[], None],
+    epochs: dict[str, int],
+) -> _Flow:
+    """Tail partition `partition` of both inputs into its unified table: claim that table
+    (fencing any older ETL of it), resume from its recorded positions, and add the
+    sources, the transform and the sink to the dataflow."""
+    table = layout.unified_of(partition)
+    inputs = layout.inputs_of(partition)
+    lake.require_delta_or_absent(table)  # inputs are checked while waiting for them
+    unified = retry_storage(lambda: ensure_table(lake, table, UNIFIED_SCHEMA), what=f"open {table}")
+    # Claim first, then read positions from the snapshot holding the claim: whatever an
+    # older ETL committed before it is included, and anything later it cannot commit.
+    lease = claim(unified, table, UNIFIED_SCHEMA, mode)
+    epochs[table] = lease.epoch
+    positions, seq = retry_storage(
+        lambda: recorded_positions(unified, inputs), what=f"read the positions of {table}"
+    )
+    finished = retry_storage(
+        lambda: recorded_finished_runs(unified), what=f"read finished producer runs of {table}"
+    )
+    log.info(
+        "ETL (%s) on %s: %s resumes after input versions %s",
+        mode,
+        lake.settings.describe(),
+        table,
+        positions,
+    )
+    subjects = [
+        DeltaTailSubject(
+            lake,
+            source,
+            positions[source] + 1,
+            bounded=config.bounded,
+            expected_producers=config.expected_producers,
+            until_runs=config.until_runs,
+            poll_interval=config.poll_interval,
+            stop=stop,
+            rejects=rejects,
+            on_start=mark_ready,
+            finished_runs=finished.get(source, set()),
+            skip_change_commits=lake.settings.skip_change_commits,
+            skip_corrupt_files=(config.on_corrupt_file or lake.settings.on_corrupt_file) == "skip",
+        )
+        for source in inputs
+    ]
+    streams = [
+        pw.io.python.read(
+            subject,
+            schema=BatchSchema,
+            autocommit_duration_ms=None,  # committed by the CommitTicker
+            name=f"delta_{subject.table}",
+        )
+        for subject in subjects
+    ]
+    unified_rows = unified_expression(pw.Table.concat_reindex(*streams))
+    sink = DeltaSinkObserver(
+        TableAppender(lake, table, unified),
+        positions,
+        config.commit_interval,
+        seq,
+        BackgroundCheckpointer(lake, table),
+        finished_runs=lambda: {s.table: sorted(s.stats.finished_runs) for s in subjects},
+        lease=lease,
+        on_failure=lambda _exc: stop.set(),
+    )
+    pw.io.python.write(unified_rows, sink, name=f"delta_{table}")
+    return _Flow(subjects, sink, positions)
+
+
+def run_etl(
+    lake: Lake,
+    config: EtlConfig,
+    stop: threading.Event | None = None,
+    ready_file: Path | None = None,
+) -> EtlReport:
+    """Run the ETL until both inputs finish (bounded) or until `stop` / SIGTERM (continuous).
+
+    `ready_file` is created once the dataflow runs, so a launcher can wait for it.
+    """
+    stop = stop or threading.Event()
+    layout = ensure_layout(lake, config.partitions) if config.partitions else read_layout(lake)
+    owned = layout.owned(config.process, config.processes)
+    mode = "bounded" if config.bounded else "continuous"
+    ready_once = threading.Lock()
+    epochs: dict[str, int] = {}
+
+    def mark_ready() -> None:
+        """Write the ready file (atomically, once) with this ETL's pid and epochs."""
+        if ready_file is None or not ready_once.acquire(blocking=False):
+            return
+        tmp = Path(f"{ready_file}.tmp")
+        epoch = next(iter(epochs.values())) if len(epochs) == 1 else epochs
+        tmp.write_text(json.dumps({"pid": os.getpid(), "epoch": epoch, "mode": mode}))
+        tmp.replace(ready_file)
+
+    rejects = RejectsWriter(lake)
+    flows = [
+        _partition_flow(lake, config, layout, i, mode, stop, rejects, mark_ready, epochs)
+        for i in owned
+    ]
+    subjects = [s for flow in flows for s in flow.subjects]
+    sinks = [flow.sink for flow in flows]
+    ticker = CommitTicker([flow.tick_group() for flow in flows], config.tick_ms / 1000)
+    for subject in subjects:
+        subject.on_sent = ticker.rows_sent
+
+    def request_stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping after the current batch", signum)
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    os.environ["PATHWAY_THREADS"] = str(config.threads)
+    tune_gc_for_streaming()
+
+    def not_echoed(record: logging.LogRecord) -> bool:
+        """Pathway logs a failed connector's error; the one an input tail raised is
+        raised from here instead, and told once."""
+        return record.levelno < logging.ERROR or all(s.error is None for s in subjects)
+
+    connectors_log = logging.getLogger("pathway_engine.connectors")
+    connectors_log.addFilter(not_echoed)
+    started = time.monotonic()
+    ticker.start()
+    try:
+        with stop_waiting_on(stop):  # a stop during an outage does not wait it out
+            pw.run(monitoring_level=pw.MonitoringLevel.NONE)
+    except Exception as exc:
+        # A connector thread failed: raise its own error (a DeltabusError tells the user
+        # what to fix), not Pathway's wrapper around it.
+        errors = [k.error for k in sinks] + [s.error for s in subjects]
+        failed = next((e for e in errors if e is not None), None)
+        if failed is not None and failed is not exc:
+            raise failed from None
+        raise
+    finally:
+        connectors_log.removeFilter(not_echoed)
+        ticker.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    for sink in sinks:
+        if sink.error is not None:  # the sources stopped because the sink had failed
+            raise sink.error
+    elapsed = time.monotonic() - started
+    rows = sum(k.stats.rows for k in sinks)
+    return EtlReport(
+        rows=rows,
+        rejected=sum(s.stats.rejected for s in subjects),
+        commits=sum(k.stats.commits for k in sinks),
+        # The unified table's version (P = 1), else the highest of the partitions owned.
+        unified_version=max(k.stats.version for k in sinks),
+        elapsed_s=round(elapsed, 3),
+        throughput_rows_s=round(rows / elapsed, 1) if elapsed else 0.0,
+        positions={t: v for k in sinks for t, v in k.positions.items()},
+        resumed_from={t: v for f in flows for t, v in f.resumed_from.items()},
+        partitions=owned,
+        retractions=sum(s.stats.retractions for s in subjects),
+        skipped_change_commits=sum(s.stats.skipped_change_commits for s in subjects),
+        skipped_files=sum(s.stats.skipped_files for s in subjects),
+    )

@@ -1,0 +1,54 @@
+"""Where the ETL stands: input positions and sink sequence, read from the unified table.
+
+One reader for the ETL (which resumes from them) and for the service's lag (which the
+Dagster sensor reports), so both always agree, also after old log files have expired:
+positions are app transactions, which live in the table state and its checkpoints.
+Importing this module does not load Pathway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from deltalake import DeltaTable
+
+from deltabus.apps.timezones.contracts import INPUT_TABLES
+from deltabus.delta.tables import find_commit, meta
+
+ETL_APP_ID = "deltabus-etl"
+
+
+def position_marker(table: str) -> str:
+    """App transaction holding the last input version of `table` in the output."""
+    return f"{ETL_APP_ID}@{table}"
+
+
+def recorded_positions(
+    dt: DeltaTable, tables: Sequence[str] = INPUT_TABLES
+) -> tuple[dict[str, int], int]:
+    """Input positions (-1: nothing read yet) of `tables` (the inputs of this unified
+    table: one partition of each stream) and the next sink sequence number."""
+    seq = dt.transaction_version(ETL_APP_ID)
+    if seq is None:
+        return dict.fromkeys(tables, -1), 0
+    positions = {t: dt.transaction_version(position_marker(t)) for t in tables}
+    if any(v is None for v in positions.values()):
+        # Tables written before positions were app transactions: the commit metadata.
+        info = find_commit(dt, lambda c: meta(c, "etl.positions") is not None, limit=1000)
+        recorded = meta(info, "etl.positions") if info else {}
+        for table, value in positions.items():
+            if value is None:
+                positions[table] = int(recorded.get(table, -1))
+    return {t: int(v) for t, v in positions.items()}, seq + 1
+
+
+def recorded_finished_runs(dt: DeltaTable) -> dict[str, set[str]]:
+    """Producer runs the ETL already saw finish, per input table, from its newest commit.
+
+    Bounded mode stops once the expected producers have finished. Their finish markers
+    may sit in input log files that have expired by the time an ETL restarts, so every
+    unified commit also carries the finished runs seen so far.
+    """
+    info = find_commit(dt, lambda c: meta(c, "etl.finished_runs") is not None, limit=50)
+    recorded = meta(info, "etl.finished_runs") if info else {}
+    return {table: set(runs) for table, runs in (recorded or {}).items()}

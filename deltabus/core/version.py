@@ -1,0 +1,3 @@
+"""The package version, written into every commit deltabus makes."""
+
+__version__ = "0.1.0"
