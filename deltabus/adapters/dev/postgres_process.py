@@ -158,12 +158,14 @@ class PostgresServer:
         for path in paths:
             os.chown(path, self.run_as.pw_uid, self.run_as.pw_gid)
 
-    def _popen(self, args: list[str], **kwargs: object) -> subprocess.Popen:
+    def _popen(
+        self, args: list[str], new_session: bool = False, **kwargs: object
+    ) -> subprocess.Popen:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
         if self.run_as is not None:
             env["HOME"] = str(self.base_dir)
             kwargs.update(user=self.run_as.pw_uid, group=self.run_as.pw_gid, extra_groups=[])
-        return spawn(args, self.log_path, new_session=False, env=env, **kwargs)
+        return spawn(args, self.log_path, new_session=new_session, env=env, **kwargs)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class PostgresServer:
                 "-c",
                 "logging_collector=off",
             ],
-            start_new_session=True,
+            new_session=True,
         )
         self.wait_ready(timeout)
         self._ensure_database()
