@@ -96,7 +96,7 @@ def streams_sensor(context: SensorEvaluationContext, lake: LakeResource):
     events: list = []
     for name in names:
         stream = bus.stream(name)
-        versions[name] = {t: int(bus.lake.open(t).version()) for t in stream.tables}
+        versions[name] = {t: bus.lake.latest_version(t) for t in stream.tables}
         if name in known and versions[name] != before["versions"].get(name):
             record = stream.record()
             events.append(

@@ -103,7 +103,7 @@ class Bus:
             if state is None:
                 described["partitions"][table] = {"member": None, "position": None, "lag": None}
                 continue
-            latest = int(self.lake.open(table).version())
+            latest = self.lake.latest_version(table)
             state["lag"] = max(0, latest + 1 - state["position"])
         return described
 

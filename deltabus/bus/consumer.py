@@ -161,8 +161,7 @@ class Consumer:
         return True
 
     def _latest(self, table: str) -> int:
-        dt = retry_storage(lambda: self.lake.open(table), what=f"open {table}")
-        return int(dt.version())
+        return retry_storage(lambda: self.lake.latest_version(table), what=f"list {table}'s log")
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -28,14 +28,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from deltabus.bus.streams import Stream, show_schema, written_types
+from deltabus.bus.streams import Stream, show_schema
+from deltabus.bus.writers import close_writers, open_writers
 from deltabus.core.errors import ConfigError
 from deltabus.core.intervals import check_interval
-from deltabus.core.retry import retry_storage
 from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table, metadata
+from deltabus.delta.tables import metadata
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +106,10 @@ class Producer:
         self._oldest: float | None = None  # monotonic time of the oldest pending record
         self._failure: BaseException | None = None
         self._closed = False
-        self.appenders: list[TableAppender] = []
-        self.checkpointers: list[BackgroundCheckpointer] = []
-        self.types = self._open_tables()
+        self.writers = open_writers(lake, stream)
+        self.appenders = [w.appender for w in self.writers]
+        self.checkpointers = [w.checkpointer for w in self.writers]
+        self.types = self.writers[0].types
         self.marks = [self._mark(a) for a in self.appenders]
         self.committed = _resume_offset(self.marks)
         self.next_offset = self.committed  # the offset the next record sent gets
@@ -124,24 +124,6 @@ class Producer:
             self._flusher.start()
 
     # -- opening ----------------------------------------------------------------------------
-
-    def _open_tables(self) -> pa.Schema:
-        """Open every partition table; the Arrow types records are written with (Delta's:
-        timestamps in microseconds)."""
-        types: pa.Schema | None = None
-        properties = self.stream.settings.properties()
-        for table in self.stream.tables:
-            dt = retry_storage(
-                lambda t=table: ensure_table(self.lake, t, self.stream.schema, properties),
-                what=f"open {table}",
-            )
-            self.appenders.append(TableAppender(self.lake, table, dt))
-            interval = self.stream.settings.checkpoint_interval
-            self.checkpointers.append(BackgroundCheckpointer(self.lake, table, interval))
-            if types is None:
-                types = written_types(dt, self.stream.schema)
-        assert types is not None
-        return types
 
     def _mark(self, appender: TableAppender) -> FlushMark | None:
         end = appender.transaction_version(self.app_id)
@@ -337,8 +319,7 @@ class Producer:
         finally:
             self._closed = True
             self._pool.shutdown(wait=True)
-            for checkpointer in self.checkpointers:
-                checkpointer.close()
+            close_writers(self.writers)
 
     def __enter__(self) -> Producer:
         return self

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from deltabus.bus.streams import Stream, written_types
+from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
+from deltabus.bus.writers import open_writer
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
-from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table, metadata
+from deltabus.delta.tables import metadata
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +89,10 @@ class Transform:
         self.partition = partition
         self.fn = fn
         self.table = output.table(partition)
-        properties = output.settings.properties()
-        dt = retry_storage(
-            lambda: ensure_table(lake, self.table, output.schema, properties),
-            what=f"open {self.table}",
-        )
-        self.appender = TableAppender(lake, self.table, dt)
-        self.types = written_types(dt, output.schema)
-        self.checkpointer = BackgroundCheckpointer(
-            lake, self.table, output.settings.checkpoint_interval
-        )
+        writer = open_writer(lake, output, partition)
+        self.appender = writer.appender
+        self.types = writer.types
+        self.checkpointer = writer.checkpointer
         self.app_id = f"transform:{name}:p{partition}"
         self.seq = (self.appender.transaction_version(self.app_id) or 0) + 1
         self.tails: dict[str, tuple[Stream, DeltaLogTail]] = {}

@@ -29,13 +29,12 @@ import pathway as pw
 import pyarrow as pa
 
 from deltabus.bus.client import Bus
-from deltabus.bus.streams import Stream, written_types
+from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
+from deltabus.bus.writers import close_writers, open_writers
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
-from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
-from deltabus.delta.tables import ensure_table, metadata
+from deltabus.delta.tables import metadata
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +69,10 @@ class Link:
             )
         self.poll_interval_s = poll_interval_s
         self.stop = threading.Event()
-        self.appenders: list[TableAppender] = []
-        self.checkpointers: list[BackgroundCheckpointer] = []
-        types: pa.Schema | None = None
-        for table in self.target.tables:
-            dt = retry_storage(
-                lambda t=table: ensure_table(bus.lake, t, self.target.schema),
-                what=f"open {table}",
-            )
-            self.appenders.append(TableAppender(bus.lake, table, dt))
-            interval = self.target.settings.checkpoint_interval
-            self.checkpointers.append(BackgroundCheckpointer(bus.lake, table, interval))
-            types = types or written_types(dt, self.target.schema)
-        assert types is not None
-        self.types = types
+        self.writers = open_writers(bus.lake, self.target)
+        self.appenders = [w.appender for w in self.writers]
+        self.checkpointers = [w.checkpointer for w in self.writers]
+        self.types = self.writers[0].types
         self.subject: _StreamSubject | None = None
         self.observer: _StreamObserver | None = None
 
@@ -125,8 +114,8 @@ class Link:
         return None
 
     def close(self) -> None:
-        for checkpointer in self.checkpointers:
-            checkpointer.close()
+        """Stop the target's checkpointers."""
+        close_writers(self.writers)
 
 
 class _StreamSubject(pw.io.python.ConnectorSubject):

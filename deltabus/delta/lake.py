@@ -6,6 +6,7 @@ options differ, so every reader and writer takes the same code path.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
+import obstore
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
@@ -357,6 +359,36 @@ class Lake:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.2)
+
+    def latest_version(self, table: str) -> int:
+        """The table's newest version, from `_last_checkpoint` and one listing of the log
+        after it: two requests, and no table state read, unlike `open(table).version()`.
+
+        Raises:
+            StorageError: there is no Delta log at the table's location.
+        """
+        log_dir = f"{table}/_delta_log"
+        newest = -1
+        try:
+            newest = int(
+                json.loads(hedge.get(self.object_store, f"{log_dir}/_last_checkpoint"))["version"]
+            )
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError):
+            pass  # read mid-overwrite: the listing below starts from the beginning
+        offset = f"{log_dir}/{newest:020d}.json" if newest >= 0 else None
+        for chunk in obstore.list(self.object_store, log_dir, offset=offset, chunk_size=1000):
+            for meta in chunk:
+                name = meta["path"].rsplit("/", 1)[-1]
+                if len(name) == 25 and name.endswith(".json") and name[:20].isdigit():
+                    newest = max(newest, int(name[:20]))
+        if newest < 0:
+            raise StorageError(
+                f"no Delta table at {self.uri(table)}",
+                "check DELTABUS_PREFIX / DELTABUS_BUCKET, or create the table first",
+            )
+        return newest
 
     def open(self, table: str, version: int | None = None) -> DeltaTable:
         """Open a Delta table, with a clear error when there is none at that path."""
