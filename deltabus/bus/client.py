@@ -23,7 +23,19 @@ from deltabus.delta.lake import Lake
 
 
 class Bus:
-    """A lake seen as a set of streams. Made by `connect()`."""
+    """A lake seen as a set of streams. Made by `connect()`.
+
+    Example:
+        ```python
+        bus = deltabus.connect()
+        bus.create_stream("orders", schema, partitions=4, key="customer")
+        with bus.producer("orders", "checkout-1") as producer:
+            producer.send({"order_id": 1, "amount": 9.5, "ts": now, "customer": "ada"})
+        with bus.consumer("orders", group="billing") as consumer:
+            for batch in consumer:
+                bill(batch.rows)
+        ```
+    """
 
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
@@ -37,17 +49,32 @@ class Bus:
         key: str | None = None,
         settings: StreamSettings | None = None,
     ) -> Stream:
-        """Declare a stream (idempotent; additive schema evolution; settings replace the
-        recorded ones when given): see `deltabus.bus.streams.create_stream`."""
+        """Declare stream `name` and create its partition tables; idempotent.
+
+        Args and the rules of a second declaration (additive schema evolution only; the
+        partition count and key are fixed): `deltabus.bus.streams.create_stream`.
+
+        Returns:
+            The stream as recorded.
+
+        Raises:
+            ConfigError: another declaration of `name` is recorded; nothing changes.
+        """
         return create_stream(
             self.lake, name, schema, partitions=partitions, key=key, settings=settings
         )
 
     def stream(self, name: str) -> Stream:
-        """A declared stream; ConfigError naming the declared ones when it is not."""
+        """The declared stream `name`.
+
+        Raises:
+            ConfigError: no stream of that name is declared (the message names those that
+                are).
+        """
         return get_stream(self.lake, name)
 
     def streams(self) -> list[str]:
+        """The names of the declared streams, sorted."""
         return list_streams(self.lake)
 
     def producer(
@@ -56,7 +83,19 @@ class Bus:
         producer_id: str,
         commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS,
     ) -> Producer:
-        """A producer of `stream`, exactly once per `producer_id` across restarts."""
+        """A producer of `stream`, exactly once per `producer_id` across restarts.
+
+        Args:
+            stream: a declared stream.
+            producer_id: the writer's stable name: a producer restarted with the same id
+                resumes after what it committed, and records sent again are not written
+                twice.
+            commit_interval_ms: how long a record may wait to be committed (0: only on
+                `flush()`).
+
+        Raises:
+            ConfigError: `stream` is not declared.
+        """
         return Producer(self.lake, self.stream(stream), producer_id, commit_interval_ms)
 
     def consumer(
@@ -68,7 +107,19 @@ class Bus:
         auto_commit: bool = True,
         ttl_s: float = DEFAULT_TTL_S,
     ) -> Consumer:
-        """A member of consumer group `group` reading `streams`."""
+        """A member of consumer group `group` reading `streams` (deltabus.bus.consumer).
+
+        Args:
+            streams: one declared stream or several.
+            group: members of one group share the partitions; groups read independently.
+            start: where the group starts on a partition it never read: "beginning" or
+                "end".
+            auto_commit: commit the batches earlier polls returned at each poll.
+            ttl_s: a member silent this long loses its partitions to the others.
+
+        Raises:
+            ConfigError: a stream is not declared, or `start` is neither option.
+        """
         names = [streams] if isinstance(streams, str) else list(streams)
         return Consumer(
             self.lake,
@@ -83,7 +134,19 @@ class Bus:
         self, name: str, inputs: str | list[str], output: str, partition: int, fn: TransformFn
     ) -> Transform:
         """Partition `partition` of an exactly-once transform from `inputs` to `output`
-        (deltabus.bus.transform); call `.run(stop)` or `.step()`."""
+        (deltabus.bus.transform); call `.run(stop)` or `.step()`.
+
+        Args:
+            name: the transform's stable name: its input positions are committed with its
+                output under it.
+            inputs: declared streams with `output`'s partition count.
+            output: the declared stream written.
+            partition: the partition this instance transforms (run one per partition).
+            fn: maps a batch of input rows (with `diff`) to output rows.
+
+        Raises:
+            ConfigError: a stream is not declared, or the partition counts differ.
+        """
         names = [inputs] if isinstance(inputs, str) else list(inputs)
         return Transform(
             self.lake, name, [self.stream(n) for n in names], self.stream(output), partition, fn
@@ -94,8 +157,14 @@ class Bus:
         return list_groups(self.lake)
 
     def describe_group(self, group: str, streams: list[str] | None = None) -> dict[str, Any]:
-        """Live members, and per partition table its holder, position and lag: the
-        versions landed that the group has not committed (None: never read)."""
+        """Consumer group `group` on `streams` (None: every declared stream).
+
+        Returns:
+            `{"group": name, "members": [...], "partitions": {table: {"member",
+            "position", "lag"}}}`: the live members, and per partition table its holder,
+            the next version the group reads, and the versions landed that it has not
+            committed (None: the group never read the table).
+        """
         names = streams if streams is not None else self.streams()
         tables = [t for n in names for t in self.stream(n).tables]
         described = Group(self.lake, group).describe(tables)
