@@ -416,10 +416,9 @@ SOAK_LOG_RETENTION_S = 600
 
 def _print_soak(out: Path, report: dict) -> None:
     """The goals (met or not, each figure beside its target) and the per-window table."""
-    from deltabus.adapters.bench.soak_report import goal_lines
+    from deltabus.adapters.bench.soak_report import goal_lines, soak_console
 
-    text = (out / "windows.md").read_text()
-    print(text.split("\n## CPU per component")[0].rstrip())
+    print(soak_console(report))
     print()
     for line in goal_lines(report["goals"]):
         print(line)

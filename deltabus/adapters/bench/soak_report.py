@@ -296,6 +296,25 @@ def soak_markdown(report: dict[str, Any]) -> str:
     """windows.md: the goals, then per window latency and the store, CPU per component,
     resident memory per process, and the accounting of messages."""
     windows = report["windows"]
+    lines = _summary_lines(report)
+    lines += _by_name(windows, "cpu_pct_of_one_core", "CPU per component (% of one core)", "{:.1f}")
+    lines += _by_name(
+        windows, "rss_mb", "Resident memory per process (MB at the window's end)", "{:.0f}"
+    )
+    lines += _accounting_lines(report)
+    if report["complete"]:
+        lines += ["", "![p50 / p99, resident memory and objects per window](windows.png)"]
+    return "\n".join(lines) + "\n"
+
+
+def soak_console(report: dict[str, Any]) -> str:
+    """What `deltabus bench` prints at the end of a soak: the run, its goals and the
+    per-window latency and store table (windows.md has the rest)."""
+    return "\n".join(_summary_lines(report))
+
+
+def _summary_lines(report: dict[str, Any]) -> list[str]:
+    """The title, the run's description, the goals and the per-window latency table."""
     m = report["maintenance"]
     state = "" if report["complete"] else " (in progress: windows so far)"
     lines = [
@@ -322,7 +341,12 @@ def soak_markdown(report: dict[str, Any]) -> str:
     word = {True: "met", False: "**missed**", None: "not evaluated"}
     for g in report["goals"]:
         lines.append(f"| {g['goal']} | {g['figure']} | {g['target']} | {word[g['met']]} |")
-    lines += [
+    return lines + _window_lines(report)
+
+
+def _window_lines(report: dict[str, Any]) -> list[str]:
+    """Per window: latency, messages, objects and bytes, requests by class, load."""
+    lines = [
         "",
         "## Latency, the store and the machine per window",
         "",
@@ -336,7 +360,7 @@ def soak_markdown(report: dict[str, Any]) -> str:
         "| GET / PUT / HEAD / LIST / DELETE per s | load mean (max) | maintenance passes |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for w in windows:
+    for w in report["windows"]:
         o, q, load = w["objects"], w["requests_per_s"], w["load_average"]
         reqs = (
             " / ".join(f"{q.get(c, 0):g}" for c in ("GET", "PUT", "HEAD", "LIST", "DELETE"))
@@ -354,12 +378,13 @@ def soak_markdown(report: dict[str, Any]) -> str:
             f"{_v(load['1m_mean'], '{:.2f}')} ({_v(load['1m_max'], '{:.2f}')}) | "
             f"{w['maintenance']['passes']} |"
         )
-    lines += _by_name(windows, "cpu_pct_of_one_core", "CPU per component (% of one core)", "{:.1f}")
-    lines += _by_name(
-        windows, "rss_mb", "Resident memory per process (MB at the window's end)", "{:.0f}"
-    )
+    return lines
+
+
+def _accounting_lines(report: dict[str, Any]) -> list[str]:
+    """Every message accounted for, the whole run's latency, errors and notes."""
     a = report["accounting"]
-    lines += [
+    lines = [
         "",
         "## Messages",
         "",
@@ -381,9 +406,7 @@ def soak_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- **error**: {e}")
     for n in report.get("notes", []):
         lines.append(f"- note: {n}")
-    if report["complete"]:
-        lines += ["", "![p50 / p99, resident memory and objects per window](windows.png)"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _minutes(seconds: float) -> str:
