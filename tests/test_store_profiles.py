@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy, measure, profile
+from deltabus.adapters.bench.store_check import measure
+from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy, profile
 from deltabus.adapters.bench.tail_proxy import Tail, TailStage
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.core.errors import ConfigError

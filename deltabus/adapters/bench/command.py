@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from deltabus.adapters.bench import options as opt
 
 if TYPE_CHECKING:
     from deltabus.adapters.bench.config import BenchConfig
@@ -50,12 +50,6 @@ HELP = (
 )
 
 
-def _workload(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
-    from deltabus.adapters.bench.workload_file import apply_workload
-
-    return apply_workload(ctx, param, value)
-
-
 def require_bench_extra(kafka: bool) -> None:
     """Raise ConfigError when a package of the `bench` extra cannot be imported
     (matplotlib, and confluent-kafka for the Kafka backbone)."""
@@ -81,313 +75,56 @@ def require_bench_extra(kafka: bool) -> None:
 
 
 def bench(
-    workload: Annotated[
-        Path | None,
-        typer.Option(
-            help="A YAML file of these options (workloads/*.yaml: `rates: [10000, 30000]`, "
-            "`store: s3-standard`, ...; `-` or `_` alike, plus a free-text `description`). "
-            "Options given on the command line win over the file's.",
-            is_eager=True,
-            callback=_workload,
-        ),
-    ] = None,
-    rates: Annotated[
-        str, typer.Option(help="Comma-separated target rates in msg/s (10000,30000 or 10k,30k).")
-    ] = "10000",
-    duration: Annotated[
-        float | None,
-        typer.Option(
-            help="Seconds of producing per rate (default 30; a windowed soak: --warmup + "
-            "--soak-minutes)."
-        ),
-    ] = None,
-    warmup: Annotated[
-        float, typer.Option(help="Seconds at the start whose samples are discarded.")
-    ] = 5,
-    profile: Annotated[
-        str,
-        typer.Option(help="Commit interval of producer AND ETL: 100ms or 1000ms (any Nms)."),
-    ] = "100ms",
-    seed: Annotated[int, typer.Option(help="Seed of the producers' table choice.")] = 0,
-    out: Annotated[Path, typer.Option(help="Directory for reports, plots and logs.")] = Path(
-        "bench-out"
-    ),
-    backbone: Annotated[
-        str,
-        typer.Option(
-            help="delta, kafka (the same workload on a local Kafka 4.3.1 broker via "
-            "platform/kafka.sh; needs Java 17) or both (side by side per rate)."
-        ),
-    ] = "delta",
-    local_minio: Annotated[
-        bool | None,
-        typer.Option(
-            "--local-minio/--no-local-minio",
-            help="Start a throwaway MinIO on a free loopback port with a temporary data "
-            "directory. Default: only when no MinIO secret key is configured.",
-        ),
-    ] = None,
-    producers: Annotated[
-        int,
-        typer.Option(help="Concurrent producers on the same tables (distinct run ids, rate/K)."),
-    ] = 1,
-    partitions: Annotated[
-        int,
-        typer.Option(
-            help="Partitions per stream (each its own Delta table; the unified output is "
-            "partitioned alike). 1: the original layout.",
-        ),
-    ] = 1,
-    etl_processes: Annotated[
-        int,
-        typer.Option(help="ETL processes splitting the partitions (1..partitions)."),
-    ] = 1,
-    partitioner: Annotated[
-        str,
-        typer.Option(
-            help="How the run's new lake places messages among --partitions: sticky (a commit "
-            "window's messages to one partition, the next window's to the next) or hash "
-            "(every message by a hash of its number: keyed placement, every partition "
-            "gets rows every window)."
-        ),
-    ] = "sticky",
-    layouts: Annotated[
-        str | None,
-        typer.Option(
-            help="Compare partition layouts PxN (partitions x ETL processes), e.g. "
-            "1x1,2x2,4x2: each of --rounds rounds runs every layout once, in the opposite "
-            "order to the round before, and each layout's CPU is compared with the first "
-            "layout's of the same round, so the machine's drift over the session cancels. "
-            "Writes layouts.md and layouts.json in --out, each run's report in "
-            "round<R>-p<P>n<N>/. Instead of --partitions/--etl-processes.",
-        ),
-    ] = None,
-    rounds: Annotated[int, typer.Option(help="--layouts: rounds over all layouts.")] = 3,
-    producer_mode: Annotated[
-        str,
-        typer.Option(
-            help="process: each producer in its own process (default, disturbs the "
-            "measurement least); inline: threads in the benchmark process."
-        ),
-    ] = "process",
-    backlog_drain: Annotated[
-        float,
-        typer.Option(
-            help="Scenario: take the ETL down for N s under load, then resume it and "
-            "report the time until latency is back under --recovery-threshold. With "
-            "--etl-processes > 1, process 0 goes down and the others go on."
-        ),
-    ] = 0,
-    drain_signal: Annotated[
-        str,
-        typer.Option(
-            help="term: SIGTERM and restart the ETL (it resumes from its commits); "
-            "stop: SIGSTOP then SIGCONT."
-        ),
-    ] = "term",
-    recovery_threshold: Annotated[
-        float, typer.Option(help="Backlog drain: 'recovered' once latency stays under this (s).")
-    ] = 1.0,
-    soak: Annotated[
-        bool,
-        typer.Option(
-            help="Scenario: run lake maintenance (compact, checkpoint, vacuum with 24 h "
-            "retention) every --maintenance-interval s and report latency per quarter."
-        ),
-    ] = False,
-    maintenance_interval: Annotated[
-        float | None,
-        typer.Option(
-            help="Soak: seconds between maintenance passes (default 60; with --soak-minutes "
-            "the window length, each pass half-way through a window)."
-        ),
-    ] = None,
-    soak_minutes: Annotated[
-        float,
-        typer.Option(
-            help="Scenario: a soak of this many minutes after the warm-up at one rate, with "
-            "maintenance, reported per --window-minutes window (windows.json, windows.md, "
-            "windows.png) with its goals; no per-message samples are kept.",
-        ),
-    ] = 0,
-    window_minutes: Annotated[
-        float, typer.Option(help="--soak-minutes: length of a window (minutes).")
-    ] = 10,
-    vacuum_retention_hours: Annotated[
-        int | None,
-        typer.Option(
-            help="Soak: vacuum removes files unreferenced for this many hours (whole hours, "
-            ">= 1). Default: 24 h or 4 x the run, whichever is longer; a shorter one lets "
-            "the object count level off within the run. The run's tables keep removed files in "
-            "their log state as long (delta.deletedFileRetentionDuration)."
-        ),
-    ] = None,
-    log_retention_s: Annotated[
-        int | None,
-        typer.Option(
-            help="Log retention of the run's tables in seconds (delta.logRetentionDuration; "
-            "log files behind a checkpoint and older than this are cleaned up). Default: "
-            "DELTABUS_LOG_RETENTION_S, and with --soak-minutes 600 s when that is not set."
-        ),
-    ] = None,
-    grace: Annotated[
-        float,
-        typer.Option(
-            help="After producing ends, a message not seen once the consumer has made no "
-            "progress for this many seconds is lost."
-        ),
-    ] = 20,
-    poll_ms: Annotated[float, typer.Option(help="Consumer poll interval (ms).")] = 20,
-    etl_poll_ms: Annotated[
-        float | None, typer.Option(help="ETL input poll interval (ms); default: the ETL's own.")
-    ] = None,
-    interval: Annotated[
-        float, typer.Option(help="Bucket (s) of the latency-over-time plots.")
-    ] = 1.0,
-    idle_s: Annotated[
-        float,
-        typer.Option(
-            help="After each Delta run, keep the ETL and consumer running without traffic for "
-            "this many seconds and report their CPU and object-store requests (idle cost)."
-        ),
-    ] = 0,
-    notify: Annotated[
-        bool,
-        typer.Option(
-            help="With --local-minio: MinIO pushes every commit to a `deltabus notify relay` "
-            "(its webhook target) and tails wait on those events instead of polling; the "
-            "relay's CPU is a component of its own."
-        ),
-    ] = False,
-    progress: Annotated[
-        bool, typer.Option(help="Live progress on stderr (a terminal only; else log lines).")
-    ] = True,
-    serve: Annotated[
-        str | None,
-        typer.Option(
-            help="postgres or opensearch: also run that serving sink (`deltabus serve "
-            "postgres|opensearch --follow`) and report the stage 'unified commit -> served', "
-            "its verdict and CPU (the sink and the store's server). postgres: a message is "
-            "served once visible in PostgreSQL; uses DELTABUS_POSTGRES_DSN (a fresh table), "
-            "else a throwaway PostgreSQL on loopback. opensearch: once searchable in the "
-            "index; uses DELTABUS_OPENSEARCH_URL (a fresh index, deleted afterwards), else a "
-            "throwaway node on loopback (Java 17). The OpenSearch sink acknowledges a batch "
-            "once searchable, so that stage is about half --serve-refresh-ms plus the bulk "
-            "request. Delta backbone only."
-        ),
-    ] = None,
-    serve_refresh_ms: Annotated[
-        int | None,
-        typer.Option(
-            help="With --serve opensearch: the served index's refresh interval (ms, "
-            "1..60000; default: the sink's, 1000). Shorter makes documents searchable "
-            "sooner at the cost of more segments and merges."
-        ),
-    ] = None,
-    serve_replay: Annotated[
-        bool,
-        typer.Option(
-            help="With --serve: after each run, with nothing else running, a fresh sink "
-            "(`deltabus serve <backend> --once`) loads the unified table's whole net content "
-            "into a fresh table or index; reports its rows per second and the CPU of the "
-            "sink and the store's server (the sink's standalone bulk rate)."
-        ),
-    ] = False,
-    etl: Annotated[
-        str,
-        typer.Option(
-            help="The ETL between the tables: pathway (deltabus' ETL process) or spark (the "
-            "same transform as a Spark Structured Streaming job: Delta streaming source and "
-            "sink, trigger processingTime = --profile; its JVM is the 'etl' CPU). Spark needs "
-            "`make spark` once; it runs the Delta backbone on one partition only (no "
-            "--partitions, --layouts, --backlog-drain, --soak, --soak-minutes, --idle-s)."
-        ),
-    ] = "pathway",
-    store: Annotated[
-        str,
-        typer.Option(
-            help="Store profile: loopback (MinIO directly), s3-express (about 3-5 ms a "
-            "request) or s3-standard (median about 27 ms, p99 about 180 ms: a per-request "
-            "long tail). Producer, ETL, consumer and sinks reach MinIO through the "
-            "profile's proxy; MinIO's metrics are read directly. Needs a plain-http MinIO; "
-            "toxiproxy is built with Go on first use.",
-        ),
-    ] = "loopback",
+    ctx: typer.Context,
+    workload: opt.Workload = None,
+    rates: opt.Rates = "10000",
+    duration: opt.Duration = None,
+    warmup: opt.Warmup = 5,
+    profile: opt.Profile = "100ms",
+    seed: opt.Seed = 0,
+    out: opt.Out = Path("bench-out"),
+    backbone: opt.Backbone = "delta",
+    local_minio: opt.LocalMinio = None,
+    producers: opt.Producers = 1,
+    partitions: opt.Partitions = 1,
+    etl_processes: opt.EtlProcesses = 1,
+    partitioner: opt.Partitioner = "sticky",
+    layouts: opt.Layouts = None,
+    rounds: opt.Rounds = 3,
+    producer_mode: opt.ProducerMode = "process",
+    backlog_drain: opt.BacklogDrain = 0,
+    drain_signal: opt.DrainSignal = "term",
+    recovery_threshold: opt.RecoveryThreshold = 1.0,
+    soak: opt.Soak = False,
+    maintenance_interval: opt.MaintenanceInterval = None,
+    soak_minutes: opt.SoakMinutes = 0,
+    window_minutes: opt.WindowMinutes = 10,
+    vacuum_retention_hours: opt.VacuumRetentionHours = None,
+    log_retention_s: opt.LogRetentionS = None,
+    grace: opt.Grace = 20,
+    poll_ms: opt.PollMs = 20,
+    etl_poll_ms: opt.EtlPollMs = None,
+    interval: opt.Interval = 1.0,
+    idle_s: opt.IdleS = 0,
+    notify: opt.Notify = False,
+    progress: opt.Progress = True,
+    serve: opt.Serve = None,
+    serve_refresh_ms: opt.ServeRefreshMs = None,
+    serve_replay: opt.ServeReplay = False,
+    etl: opt.Etl = "pathway",
+    store: opt.Store = "loopback",
 ) -> None:
     from deltabus.adapters import cli_state as cli
-    from deltabus.adapters.bench.config import (
-        BenchConfig,
-        parse_backbones,
-        parse_profile,
-        parse_rates,
-    )
-    from deltabus.core.errors import ConfigError
+    from deltabus.adapters.bench.config import parse_backbones
 
     require_bench_extra(kafka="kafka" in parse_backbones(backbone))
-    parse_profile(profile)
     settings = cli.settings()
-    if soak_minutes > 0:
-        if duration is not None:
-            raise ConfigError(
-                "--soak-minutes sets the run's length (--warmup + --soak-minutes)",
-                "give --soak-minutes or --duration, not both",
-            )
-        duration = warmup + soak_minutes * 60
-        if log_retention_s is None and settings.log_retention_s is None:
-            log_retention_s = SOAK_LOG_RETENTION_S
-    if maintenance_interval is None:
-        maintenance_interval = window_minutes * 60 if soak_minutes > 0 else 60.0
-    config = BenchConfig(
-        rates=parse_rates(rates),
-        duration=30.0 if duration is None else duration,
-        warmup=warmup,
-        profile=profile,
-        out=out,
-        seed=seed,
-        backbones=parse_backbones(backbone),
-        producers=producers,
-        partitions=partitions,
-        etl_processes=etl_processes,
-        partitioner=partitioner.strip().lower(),
-        producer_mode=producer_mode,
-        backlog_drain=backlog_drain,
-        drain_signal=drain_signal,
-        recovery_threshold=recovery_threshold,
-        soak=soak,
-        maintenance_interval=maintenance_interval,
-        soak_minutes=soak_minutes,
-        window_minutes=window_minutes,
-        vacuum_retention_hours=vacuum_retention_hours,
-        log_retention_s=log_retention_s,
-        grace=grace,
-        consumer_poll_ms=poll_ms,
-        etl_poll_ms=etl_poll_ms,
-        interval_s=interval,
-        idle_s=idle_s,
-        notify=notify,
-        serve=serve.strip().lower() if serve else None,
-        serve_refresh_ms=serve_refresh_ms,
-        serve_replay=serve_replay,
-        store=store.strip().lower(),
-        etl=etl.strip().lower(),
-        command=shlex.join(["deltabus", *sys.argv[1:]]),
-    )
-    if config.etl == "spark":
-        if layouts is not None:
-            raise ConfigError(
-                "--etl spark runs the unpartitioned layout only; --layouts is not supported "
-                "with it",
-                "drop --layouts, or use --etl pathway",
-            )
-        from deltabus.adapters.bench.spark_etl import require
+    config = bench_config(ctx.params, settings)
+    _refuse_unsupported(config, layouts)
+    from deltabus.adapters.bench.session import compare_layouts, run
 
-        require()  # pyspark, Java and the jars of `make spark`, before any run
-    if config.partitioner != "sticky" and config.partitions == 1 and layouts is None:
-        raise ConfigError(
-            "--partitioner places messages among partitions: it needs --partitions > 1"
-        )
     if layouts is not None:
-        _compare_layouts(config, layouts, rounds, local_minio=local_minio, progress=progress)
+        compare_layouts(config, layouts, rounds, local_minio=local_minio, progress=progress)
         return
     report = run(config, settings, local_minio=local_minio, show_progress=progress)
     errors = report.pop("errors", [])
@@ -409,6 +146,88 @@ def bench(
 
 bench.__doc__ = HELP
 
+
+def bench_config(params: dict[str, Any], settings: Settings) -> BenchConfig:
+    """The run's configuration from the command's options (`ctx.params`) and settings:
+    a soak's length and log retention, the maintenance interval, parsed lists."""
+    from deltabus.adapters.bench.config import (
+        BenchConfig,
+        parse_backbones,
+        parse_profile,
+        parse_rates,
+    )
+    from deltabus.core.errors import ConfigError
+
+    p = dict(params)
+    parse_profile(p["profile"])
+    if p["soak_minutes"] > 0:
+        if p["duration"] is not None:
+            raise ConfigError(
+                "--soak-minutes sets the run's length (--warmup + --soak-minutes)",
+                "give --soak-minutes or --duration, not both",
+            )
+        p["duration"] = p["warmup"] + p["soak_minutes"] * 60
+        if p["log_retention_s"] is None and settings.log_retention_s is None:
+            p["log_retention_s"] = SOAK_LOG_RETENTION_S
+    if p["maintenance_interval"] is None:
+        p["maintenance_interval"] = p["window_minutes"] * 60 if p["soak_minutes"] > 0 else 60.0
+    return BenchConfig(
+        rates=parse_rates(p["rates"]),
+        duration=30.0 if p["duration"] is None else p["duration"],
+        warmup=p["warmup"],
+        profile=p["profile"],
+        out=p["out"],
+        seed=p["seed"],
+        backbones=parse_backbones(p["backbone"]),
+        producers=p["producers"],
+        partitions=p["partitions"],
+        etl_processes=p["etl_processes"],
+        partitioner=p["partitioner"].strip().lower(),
+        producer_mode=p["producer_mode"],
+        backlog_drain=p["backlog_drain"],
+        drain_signal=p["drain_signal"],
+        recovery_threshold=p["recovery_threshold"],
+        soak=p["soak"],
+        maintenance_interval=p["maintenance_interval"],
+        soak_minutes=p["soak_minutes"],
+        window_minutes=p["window_minutes"],
+        vacuum_retention_hours=p["vacuum_retention_hours"],
+        log_retention_s=p["log_retention_s"],
+        grace=p["grace"],
+        consumer_poll_ms=p["poll_ms"],
+        etl_poll_ms=p["etl_poll_ms"],
+        interval_s=p["interval"],
+        idle_s=p["idle_s"],
+        notify=p["notify"],
+        serve=p["serve"].strip().lower() if p["serve"] else None,
+        serve_refresh_ms=p["serve_refresh_ms"],
+        serve_replay=p["serve_replay"],
+        store=p["store"].strip().lower(),
+        etl=p["etl"].strip().lower(),
+        command=shlex.join(["deltabus", *sys.argv[1:]]),
+    )
+
+
+def _refuse_unsupported(config: BenchConfig, layouts: str | None) -> None:
+    """Refuse option combinations no run supports, before any run starts."""
+    from deltabus.core.errors import ConfigError
+
+    if config.etl == "spark":
+        if layouts is not None:
+            raise ConfigError(
+                "--etl spark runs the unpartitioned layout only; --layouts is not supported "
+                "with it",
+                "drop --layouts, or use --etl pathway",
+            )
+        from deltabus.adapters.bench.spark_etl import require
+
+        require()  # pyspark, Java and the jars of `make spark`, before any run
+    if config.partitioner != "sticky" and config.partitions == 1 and layouts is None:
+        raise ConfigError(
+            "--partitioner places messages among partitions: it needs --partitions > 1"
+        )
+
+
 # A windowed soak's log retention when none is configured: log cleanup is part of what it
 # soaks, and ten minutes is far beyond the lag of a reader that keeps up.
 SOAK_LOG_RETENTION_S = 600
@@ -416,7 +235,8 @@ SOAK_LOG_RETENTION_S = 600
 
 def _print_soak(out: Path, report: dict) -> None:
     """The goals (met or not, each figure beside its target) and the per-window table."""
-    from deltabus.adapters.bench.soak_report import goal_lines, soak_console
+    from deltabus.adapters.bench.soak_markdown import soak_console
+    from deltabus.adapters.bench.soak_report import goal_lines
 
     print(soak_console(report))
     print()
@@ -456,7 +276,7 @@ def store_check(
 
     from deltabus.adapters import cli_state as cli
     from deltabus.adapters.bench.environment import minio_configured, throwaway_minio
-    from deltabus.adapters.bench.store_profiles import check, check_markdown
+    from deltabus.adapters.bench.store_check import check, check_markdown
     from deltabus.core.errors import ConfigError
 
     if requests < 1:
@@ -479,134 +299,3 @@ def store_check(
 
 
 store_check.__doc__ = STORE_CHECK_HELP
-
-
-def _compare_layouts(
-    config, text: str, rounds: int, *, local_minio: bool | None, progress: bool
-) -> None:
-    """--layouts: the alternating comparison (bench.layouts), printed as a table."""
-    from deltabus.adapters import cli_state as cli
-    from deltabus.adapters.bench.layouts import compare, parse_layouts
-    from deltabus.core.errors import ConfigError
-
-    layouts = parse_layouts(text)
-    if (config.partitions, config.etl_processes) != (1, 1):
-        raise ConfigError("give either --layouts or --partitions/--etl-processes, not both")
-    scenario = [
-        name
-        for name, on in (
-            ("--backbone kafka", "kafka" in config.backbones),
-            ("--backlog-drain", config.backlog_drain > 0),
-            ("--soak", config.soak),
-            ("--soak-minutes", config.windowed),
-            ("--serve", config.serve is not None),
-        )
-        if on
-    ]
-    if scenario:
-        raise ConfigError(
-            f"--layouts compares the steady cost of Delta layouts; {', '.join(scenario)} "
-            "is not part of that",
-            "run the scenario with --partitions P --etl-processes N instead",
-        )
-    settings = cli.settings()
-
-    def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    summary = compare(
-        config,
-        layouts,
-        rounds,
-        lambda cfg: run(cfg, settings, local_minio=local_minio, show_progress=progress),
-        log=log,
-    )
-    errors = summary.pop("errors")
-    if cli.state.as_json:
-        print(__import__("json").dumps(summary))
-    else:
-        print((config.out / "layouts.md").read_text().rstrip())
-        print(f"\nsummary: {config.out / 'layouts.md'}  (layouts.json; each run in {config.out})")
-    if errors:
-        for e in errors:
-            print(f"deltabus bench: error: {e}", file=sys.stderr)
-        raise typer.Exit(1)
-
-
-def run(config, settings, *, local_minio: bool | None = None, show_progress: bool = True) -> dict:
-    """Run the benchmark on `settings` (or a throwaway MinIO); returns report.json + errors."""
-
-    from deltabus.adapters.bench.environment import minio_configured, throwaway_minio
-    from deltabus.adapters.bench.runner import Bench
-    from deltabus.core.errors import ConfigError
-    from deltabus.delta.lake import Lake
-
-    if local_minio is None:
-        local_minio = not minio_configured(settings) and settings.storage == "minio"
-    if local_minio:
-        with throwaway_minio(notify=config.notify) as (minio_settings, pids):
-            with _store_proxy(config, minio_settings) as (proxied, proxy_pids):
-                return Bench(
-                    config,
-                    proxied,
-                    minio_pid=pids["minio"],
-                    relay_pid=pids.get("relay"),
-                    show_progress=show_progress,
-                    metrics_endpoint=minio_settings.minio_endpoint,
-                    proxy_pids=proxy_pids,
-                ).run()
-    if config.notify:
-        raise ConfigError(
-            "--notify starts its own MinIO and relay: add --local-minio",
-            "for your own MinIO, run `deltabus notify relay`, point MinIO's webhook target at it "
-            "and set DELTABUS_NOTIFY=true and DELTABUS_NOTIFY_URL (docs/design/tailing.md)",
-        )
-    Lake(settings).check(write=True)
-    with _store_proxy(config, settings) as (proxied, proxy_pids):
-        return Bench(
-            config,
-            proxied,
-            minio_pid=_minio_pid(settings),
-            show_progress=show_progress,
-            metrics_endpoint=settings.minio_endpoint,
-            proxy_pids=proxy_pids,
-        ).run()
-
-
-@contextmanager
-def _store_proxy(
-    config: BenchConfig, settings: Settings
-) -> Iterator[tuple[Settings, dict[str, int]]]:
-    """(`settings` with MinIO reached through the store profile's proxy, the proxies' pids
-    by name) while it runs (the loopback profile: `settings` unchanged, nothing started)."""
-    from deltabus.adapters.bench.store_profiles import StoreProxy, profile
-    from deltabus.core.errors import ConfigError
-
-    chosen = profile(config.store)
-    if not chosen.proxied:
-        yield settings, {}
-        return
-    if settings.storage != "minio":
-        raise ConfigError(
-            f"--store {chosen.name} goes in front of MinIO; this lake is a local directory",
-            "use --local-minio or a MinIO lake",
-        )
-    with StoreProxy(chosen, settings.minio_endpoint, config.out / "logs") as proxy:
-        yield settings.model_copy(update={"minio_endpoint": proxy.endpoint}), proxy.pids
-
-
-def _minio_pid(settings) -> int | None:
-    """The pid of a MinIO on this machine serving the endpoint's port (for CPU figures)."""
-    import re
-
-    m = re.match(r"https?://(127\.0\.0\.1|localhost)(?::(\d+))?", settings.minio_endpoint)
-    if settings.storage != "minio" or not m:
-        return None
-    import psutil
-
-    port = m.group(2) or "80"
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if cmd and cmd[0].endswith("minio") and any(c.endswith(f":{port}") for c in cmd):
-            return int(proc.info["pid"])
-    return None

@@ -40,6 +40,7 @@ from deltabus.delta.tables import ensure_table
 
 if TYPE_CHECKING:
     from deltabus.adapters.bench.runner import Bench
+    from deltabus.adapters.bench.serving import ServingRun
 
 log = logging.getLogger("deltabus.adapters.bench")
 
@@ -113,8 +114,6 @@ class DeltaDriver:
             )
             self.consumer.next_versions = first_versions
         if cfg.serve:  # the serving sink (PostgreSQL or OpenSearch) as one more stage
-            from deltabus.adapters.bench.serving import serving_run
-
             self.serving = serving_run(
                 cfg.serve,
                 self.bench.settings,
@@ -305,3 +304,23 @@ def without_after_idle(table: pa.Table) -> pa.Table:
         return table
     probe = pc.starts_with(table.column("message").cast(pa.string()), f"{AFTER_IDLE_RUN}-")
     return table.filter(pc.invert(probe))
+
+
+def serving_run(
+    backend: str,
+    settings: Any,
+    work: Path,
+    tag: str,
+    poll_s: float,
+    refresh_interval_ms: int | None = None,
+) -> ServingRun:
+    """The serving stage of one run for `backend` (one of SYSTEMS); the refresh
+    interval applies to OpenSearch only (None: the sink's default)."""
+    from deltabus.adapters.bench.serving_opensearch import OpenSearchServingRun
+    from deltabus.adapters.bench.serving_postgres import PostgresServingRun
+
+    if backend == "opensearch":
+        return OpenSearchServingRun(settings, work, tag, poll_s, refresh_interval_ms)
+    if backend != "postgres":
+        raise ValueError(f"no serving backend {backend!r}")
+    return PostgresServingRun(settings, work, tag, poll_s)

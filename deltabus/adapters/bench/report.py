@@ -7,6 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from deltabus.adapters.bench.anchors import ANCHORS, profile_key
+from deltabus.adapters.bench.report_tables import (
+    cost_markdown,
+    fmt,
+    pair,
+    serving_backend,
+    serving_markdown,
+)
 from deltabus.adapters.bench.verdict import KEEPING_UP
 
 RUN_KEYS = (
@@ -106,11 +113,6 @@ def report_json(
     return report
 
 
-def serving_backend(serving: dict) -> str:
-    """The backend of a run's `serving` figures (runs before OpenSearch had postgres only)."""
-    return str(serving.get("backend", "postgres"))
-
-
 def highest_keeping_up(runs: list[dict]) -> dict[str, int | None]:
     """Per backbone, the highest rate whose run kept up (over-bound and behind runs do not
     count), or None."""
@@ -124,140 +126,6 @@ def highest_keeping_up(runs: list[dict]) -> dict[str, int | None]:
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _f(x: float | None, nd: int = 2) -> str:
-    return "—" if x is None else f"{round(x, nd) + 0.0:.{nd}f}"  # + 0.0: no "-0.00"
-
-
-def _pair(p50: float | None, p99: float | None, verdict: str | bool = False) -> str:
-    """'p50 / p99', with the verdict when the run did not keep up."""
-    if p50 is None:
-        return "—"
-    if verdict is True:
-        verdict = "fell behind"  # the anchors' own wording
-    suffix = f" ({verdict})" if verdict and verdict != KEEPING_UP else ""
-    return f"{_f(p50)} / {_f(p99)}{suffix}"
-
-
-def cost_markdown(runs: list[dict]) -> list[str]:
-    """The cost table: CPU per million messages per component, requests, bill per day."""
-    lines = [
-        "## Cost per message",
-        "",
-        "CPU-seconds per million messages per component (a core fully busy for one second is "
-        "one CPU-second), object-store requests per second by class (MinIO's metrics) and the "
-        "request bill per day at list prices.",
-        "",
-        "| backbone | rate | CPU cores in all | CPU-s per M msgs (total: per component) "
-        "| requests/s GET / PUT / HEAD / LIST / DELETE / 404s | requests per M msgs | USD/day |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    prices = ""
-    for r in runs:
-        c = r.get("cost") or {}
-        parts = ", ".join(f"{k} {v:g}" for k, v in c.get("cpu_s_per_million_msgs", {}).items())
-        q = c.get("requests_per_s")
-        reqs = (
-            " / ".join(f"{q.get(k, 0):g}" for k in ("GET", "PUT", "HEAD", "LIST", "DELETE", "404s"))
-            + f" (all {q['total']:g})"
-            if q
-            else "n/a"
-        )
-        prices = c.get("prices", prices)
-        lines.append(
-            f"| {r['backbone']} | {r['rate']:,} | {c.get('cpu_cores_total', '—')} | "
-            f"{c.get('cpu_s_per_million_msgs_total', '—')}: {parts} | {reqs} | "
-            f"{c.get('requests_per_million_msgs', 'n/a')} | "
-            f"{c.get('request_cost_usd_per_day', 'n/a')} |"
-        )
-    for r in runs:
-        idle = (r.get("cost") or {}).get("idle")
-        if idle:
-            cpu = idle["cpu_pct_of_one_core"]
-            busy = sum(v for k, v in cpu.items() if not k.startswith("machine"))
-            q = idle.get("requests_per_s") or {}
-            lines.append(
-                f"\nIdle ({r['backbone']}, after the {r['rate']:,} msg/s run, "
-                f"{idle['seconds']:g} s without traffic): {busy:.1f} % of one core in all "
-                f"({', '.join(f'{k} {v}' for k, v in cpu.items())}), "
-                f"{q.get('total', 'n/a')} requests/s"
-                + (
-                    f"; the first messages sent after it: latency {first:.2f} s"
-                    f" ({idle.get('producer_start_to_seen_s', 0):.2f} s from starting a producer)."
-                    if (first := idle.get("first_after_idle_s")) is not None
-                    else "; the first messages sent after it were not seen within 30 s."
-                )
-            )
-            minutes = idle.get("by_minute") or []
-            if len(minutes) > 1:
-                lines.append(
-                    "Idle by minute, % of one core in all (MinIO): "
-                    + ", ".join(f"{w['all']} ({w.get('minio', '—')})" for w in minutes)
-                    + ". MinIO's data scanner visits what the traffic wrote in its first "
-                    "cycle after it: the first minute carries that deferred cost."
-                )
-    if prices:
-        lines += ["", f"Prices: {prices}."]
-    return lines
-
-
-def serving_markdown(runs: list[dict]) -> list[str]:
-    """--serve postgres|opensearch: the stage unified commit → served (visible in
-    PostgreSQL, searchable in OpenSearch), with the verdict and CPU of the sink and of the
-    store, one table per backend (empty without --serve)."""
-    from deltabus.adapters.bench.config import SERVE_SYSTEMS
-
-    served = [r for r in runs if "serving" in r]
-    lines: list[str] = []
-    for backend in dict.fromkeys(serving_backend(r["serving"]) for r in served):
-        system = SERVE_SYSTEMS.get(backend, backend)
-        mine = [r for r in served if serving_backend(r["serving"]) == backend]
-        if backend == "opensearch":
-            refresh_ms = mine[0]["serving"].get("refresh_interval_ms")
-            how = (
-                "searchable in OpenSearch (a reader polling the index for versions it has not "
-                "seen; the sink acknowledges a batch once searchable, so the stage is about "
-                f"half the refresh interval of {refresh_ms} ms plus the bulk request)"
-            )
-        else:
-            how = f"visible in {system} (a reader polling the served table)"
-        lines += [
-            "",
-            f"Serving stage (`--serve {backend}`): unified commit → {how}, p50 / p99 (s); "
-            f"the verdict applies the keeping-up rule to sent → served in {system}.",
-            "",
-            f"| backbone | rate | unified commit→{system} | sent→{system} | not served "
-            "| verdict | CPU % of one core |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for r in mine:
-            s = r["serving"]
-            st, e2e = s[f"unified_commit_to_{backend}"], s[f"sent_to_{backend}"]
-            cpu = ", ".join(f"{k} {v}" for k, v in s.get("cpu_pct_of_one_core", {}).items())
-            lines.append(
-                f"| {r['backbone']} | {r['rate']:,} | {_pair(st['p50'], st['p99'])} | "
-                f"{_pair(e2e['p50'], e2e['p99'])} | {s['not_served']:,} | {s['verdict']} | "
-                f"{cpu or '—'} |"
-            )
-        replays = [(r["rate"], r["serving"]["replay"]) for r in mine if "replay" in r["serving"]]
-        if replays:
-            lines += [
-                "",
-                f"The sink alone (`--serve-replay`): after the run, with nothing else running, "
-                f"a fresh sink loaded the unified table's net content into {system}; the "
-                "standalone rate counts its whole run (start, reading the table, loading).",
-                "",
-                "| run's rate | rows | seconds | rows/s | CPU-s: sink / server |",
-                "|---|---|---|---|---|",
-            ]
-            for rate, rp in replays:
-                lines.append(
-                    f"| {rate:,} | {rp['rows'] or 0:,} | {rp['elapsed_s']} | "
-                    f"{rp['rows_per_s'] or 0:,} | {rp['sink_cpu_s']} / "
-                    f"{'—' if rp['server_cpu_s'] is None else rp['server_cpu_s']} |"
-                )
-    return lines
 
 
 def console_text(
@@ -312,10 +180,10 @@ def summary_lines(
         row = [f"{rate:,}"]
         for b in backbones:
             r = by.get((b, rate))
-            row.append(_pair(r["p50"], r["p99"], r["verdict"]) if r else "—")
+            row.append(pair(r["p50"], r["p99"], r["verdict"]) if r else "—")
         for key in (pk, other):
             a = ANCHORS.get(key, {}).get(rate)
-            row.append(_pair(a[0], a[1], a[2]) if a else "—")
+            row.append(pair(a[0], a[1], a[2]) if a else "—")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -343,8 +211,8 @@ def report_markdown(
         lines.append(
             f"| {r['backbone']} | {r['rate']:,} | {r['samples']:,} | {r['messages']:,} | "
             f"{r['lost']:,} | "
-            + " | ".join(_f(r[k]) for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max"))
-            + f" | {r['achieved_rate']:,.0f} | {_f(r['max_lag_s'], 3)} | "
+            + " | ".join(fmt(r[k]) for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max"))
+            + f" | {r['achieved_rate']:,.0f} | {fmt(r['max_lag_s'], 3)} | "
             f"{r['verdict']} |"
         )
     lines += ["", *cost_markdown(runs)]
@@ -362,11 +230,11 @@ def report_markdown(
     ]
     for r in runs:
         st = r["stages"]
-        cells = [_pair(st[k]["p50"], st[k]["p99"]) for k in st]
+        cells = [pair(st[k]["p50"], st[k]["p99"]) for k in st]
         lines.append(
             f"| {r['backbone']} | {r['rate']:,} | "
             + " | ".join(cells)
-            + f" | {_pair(r['p50'], r['p99'])} |"
+            + f" | {pair(r['p50'], r['p99'])} |"
         )
     lines += serving_markdown(runs)
     lines += ["", "## Run details", ""]
@@ -404,7 +272,7 @@ def report_markdown(
         if d.get("soak"):
             sk = d["soak"]
             q = "; ".join(
-                f"Q{x['quarter']} {_f(x['p50'])} / {_f(x['p99'])}" for x in sk["quarters"]
+                f"Q{x['quarter']} {fmt(x['p50'])} / {fmt(x['p99'])}" for x in sk["quarters"]
             )
             lines.append(
                 f"- soak: {sk['maintenance_passes']} maintenance passes; p50 / p99 per quarter: {q}"

@@ -176,8 +176,9 @@ class Bench:
         """A windowed soak: the Delta run with its consumer's batches aggregated per window
         as they come (nothing kept per message), maintenance passes mid-window, and the
         report so far rewritten at every window's end."""
+        from deltabus.adapters.bench.soak_monitor import ObjectCounter
         from deltabus.adapters.bench.soak_report import build_soak_report, write_soak_files
-        from deltabus.adapters.bench.soak_windows import ObjectCounter, SoakWindows
+        from deltabus.adapters.bench.soak_windows import SoakWindows
 
         cfg = self.cfg
         direct = self.settings
