@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.adapters.dev.cluster import PID_FILE, _running
+from deltabus.adapters.dev.cluster import PID_FILE
 from deltabus.adapters.dev.minio_process import MinioCluster, build_minio, find_minio
 from deltabus.core.net import port_taken
-from deltabus.core.processes import LAKE_ENV_PREFIXES
+from deltabus.core.processes import LAKE_ENV_PREFIXES, process_alive
 from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
 from tests.helpers import assert_exactly_once, dev_minio_cli, etl_process, wait_for_file
@@ -213,7 +213,7 @@ def test_cli_minio_up_nodes_4_and_down(tmp_path: Path) -> None:
         assert "distributed MinIO started: 4 nodes x 2 drives" in result.stdout
         assert "bucket 'dev-cluster' created" in result.stdout
         pids = [int(p) for p in (data_dir / PID_FILE).read_text().split()]
-        assert len(pids) == 4 and all(_running(p) for p in pids)
+        assert len(pids) == 4 and all(process_alive(p, "minio") for p in pids)
         probe = MinioCluster(data_dir / "cluster", "-", "-", ports=[base + i for i in range(4)])
         deadline = time.monotonic() + 60
         for node in range(4):  # each node joins the cluster on its own: ask until it has
@@ -224,7 +224,7 @@ def test_cli_minio_up_nodes_4_and_down(tmp_path: Path) -> None:
         assert "already running" in again.stdout, again.stdout + again.stderr
         stopped = run_cli(down, env, tmp_path, timeout=60)
         assert stopped.returncode == 0 and "stopped distributed MinIO (4 nodes)" in stopped.stdout
-        assert not any(_running(p) for p in pids)
+        assert not any(process_alive(p, "minio") for p in pids)
         assert not (data_dir / PID_FILE).exists()
     finally:
         if (data_dir / PID_FILE).exists():

@@ -21,6 +21,7 @@ from deltabus.adapters.dev.server import LOCAL_LAKE, local_minio_settings, minio
 from deltabus.adapters.dev.server import minio_down as single_down
 from deltabus.core.errors import ConfigError
 from deltabus.core.net import port_taken
+from deltabus.core.processes import process_alive
 from deltabus.delta.lake import Lake
 
 PID_FILE = "minio-cluster.pids"
@@ -35,16 +36,6 @@ def check_nodes(nodes: int) -> None:
         f"MinIO's minimum distributed deployment is {MIN_CLUSTER_NODES} nodes; with 2 drives"
         " each that is EC:4 over 8 drives, which keeps reads and writes with one node down",
     )
-
-
-def _running(pid: int) -> bool:
-    """True while `pid` is a live (not zombie) MinIO process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"minio" in cmdline
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
@@ -66,7 +57,7 @@ def cluster_up(env_file: Path | None, data_dir: Path, nodes: int) -> str:
         return LOCAL_LAKE
     settings, port, notes = local
     ports = [port + i for i in range(nodes)]
-    if any(_running(pid) for pid in _pids(data_dir)):
+    if any(process_alive(pid, "minio") for pid in _pids(data_dir)):
         notes.append(f"distributed MinIO already running at {settings.minio_endpoint}")
     elif minio_alive(settings.minio_endpoint):
         raise ConfigError(
@@ -108,14 +99,14 @@ def cluster_down(data_dir: Path, timeout: float = 20) -> str | None:
     pid_file = data_dir / PID_FILE
     if not pid_file.exists():
         return None
-    pids = [pid for pid in _pids(data_dir) if _running(pid)]
+    pids = [pid for pid in _pids(data_dir) if process_alive(pid, "minio")]
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(process_alive(pid, "minio") for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     for pid in pids:
-        if _running(pid):
+        if process_alive(pid, "minio"):
             _signal(pid, signal.SIGKILL)
     pid_file.unlink()
     return f"stopped distributed MinIO ({len(pids)} nodes)"
