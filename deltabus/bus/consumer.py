@@ -101,6 +101,7 @@ class Consumer:
 
     @property
     def member(self) -> str:
+        """This member's id in the group (host, pid and a random suffix)."""
         return self.group.member
 
     # -- membership -------------------------------------------------------------------------
@@ -166,7 +167,15 @@ class Consumer:
     # -- reading ----------------------------------------------------------------------------
 
     def poll(self, timeout_s: float = 1.0) -> Batch | None:
-        """The next batch of any held partition, waiting up to `timeout_s` for one."""
+        """The next batch of any held partition, waiting up to `timeout_s` for one.
+
+        Returns:
+            The rows one commit of one partition changed, with `diff` (+1 insert, -1
+            retraction); None when no held partition had a new commit in time.
+
+        Raises:
+            StorageError: the lake failed past the retry budget.
+        """
         deadline = time.monotonic() + timeout_s
         if self.auto_commit:
             self.commit()
@@ -212,7 +221,9 @@ class Consumer:
     # -- positions --------------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Store, per held partition, that every batch returned so far was read."""
+        """Store, per held partition, that every batch returned so far was read: a member
+        that takes the partition over resumes after it. A partition whose lease was lost
+        to another member is dropped, its position left to that member."""
         with self._lock:
             for table, held in list(self.held.items()):
                 if held.next_version != held.lease.position:
@@ -246,6 +257,7 @@ class Consumer:
             }
 
     def assigned(self) -> list[str]:
+        """The partition tables this member holds now, sorted."""
         with self._lock:
             return sorted(self.held)
 

@@ -50,8 +50,16 @@ class StreamBatch(pw.Schema):
 class Link:
     """A Pathway program from stream `source` to stream `target`, named `name`.
 
-    The two streams have one partition count; the link's positions are app transactions
-    of the target's tables named after `name` and the source table.
+    Args:
+        bus: the lake both streams are declared in.
+        name: the link's stable name: its positions are app transactions of the target's
+            tables named after it and the source table, so a restarted link resumes.
+        source: the declared stream read (`read`).
+        target: the declared stream written (`write`), with the source's partition count.
+        poll_interval_s: how long the reader waits when no partition has a new commit.
+
+    Raises:
+        ConfigError: a stream is not declared, or the partition counts differ.
     """
 
     def __init__(
