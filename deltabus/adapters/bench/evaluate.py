@@ -70,6 +70,13 @@ class RunState:
     serving_replay: dict | None = None  # --serve-replay: the sink alone loading the table
 
 
+NO_INPUT_COMMIT = (
+    "{n} message(s) without an input commit time: the input log had expired and compaction "
+    "rewrote their files, so the first two stages leave them out (end-to-end latency is "
+    "unaffected)"
+)
+
+
 def evaluate_run(
     cfg: BenchConfig, lake: Lake, state: RunState, inputs: pa.Table, seen: pa.Table
 ) -> tuple[dict, dict]:
@@ -97,41 +104,16 @@ def evaluate_run(
     lost_after = missing.filter(pl.col("sent_ms") >= warm_end)
     lost_warmup = missing.height - lost_after.height
     errors = list(state.errors)
-    if lost_after.height or lost_warmup:
-        errors.append(
-            f"{missing.height} message(s) produced but never seen within the grace period "
-            f"({lost_after.height} after the warm-up, {lost_warmup} during it)"
-        )
-    for key in (
-        "duplicate_rows_seen",
-        "seen_but_not_produced",
-        "parsed_timestamp_mismatches",
-        "retractions_seen",
-        "duplicate_inputs",
-    ):
-        if checks[key]:
-            errors.append(f"{key.replace('_', ' ')}: {checks[key]}")
+    errors += _accounting_errors(
+        checks,
+        result,
+        expected=expected.height,
+        messages=messages,
+        lost=lost_after.height,
+        lost_warmup=lost_warmup,
+    )
     if checks["input_commit_unknown"]:
-        state.notes.append(
-            f"{checks['input_commit_unknown']} message(s) without an input commit time: "
-            "the input log had expired and compaction rewrote their files, so the "
-            "first two stages leave them out (end-to-end latency is unaffected)"
-        )
-    if checks["produced_rows"] != expected.height:
-        errors.append(
-            f"the inputs hold {checks['produced_rows']} messages, the schedule {expected.height}"
-        )
-    if not result["first_sent_is_schedule_start"] and result["samples"]:
-        errors.append("the first sample is not the first scheduled message (warm-up shifted)")
-    if result["samples"] != messages - lost_after.height:
-        errors.append(
-            f"samples after warm-up {result['samples']} != messages {messages} - lost "
-            f"{lost_after.height}"
-        )
-    last_commit = float(pc.max(inputs["input_commit_ms"]).as_py() or 0) if inputs.num_rows else 0.0
-    span_s = (last_commit - state.start_ms) / 1000
-    achieved = round(inputs.num_rows / span_s, 1) if span_s > 0 else 0.0
-    max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
+        state.notes.append(NO_INPUT_COMMIT.format(n=checks["input_commit_unknown"]))
     pct = result["percentiles"]
     verdict = classify(
         result["over_time"],
@@ -140,16 +122,58 @@ def evaluate_run(
         cfg.commit_interval if state.backbone == "delta" else None,
         unseen=int(lost_after.height),
     )
-    summary = {
+    summary = _run_summary(
+        cfg, state, result, inputs, messages=messages, lost=int(lost_after.height), verdict=verdict
+    )
+    if state.served is not None:
+        summary["serving"] = _serving(cfg, state, samples, errors)
+    detail = _run_detail(
+        cfg,
+        state,
+        summary,
+        lake_prefix=lake.settings.prefix,
+        samples_table=uri,
+        result=result,
+        lost_warmup=lost_warmup,
+        lost_examples=missing["message"].head(5).to_list(),
+        checks=checks,
+        verdict=verdict,
+        errors=errors,
+    )
+    if state.drain is not None and state.drain.resumed_ms is not None:
+        detail["drain"] = _drain_detail(cfg, state, con)
+    elif cfg.backlog_drain and state.backbone == "delta":
+        errors.append("the backlog drain did not complete (the run ended first)")
+    if cfg.soak and state.backbone == "delta":
+        detail["soak"] = _soak_detail(cfg, state, con, lake)
+    _log_run(state, summary, errors)
+    return summary, detail
+
+
+def _run_summary(
+    cfg: BenchConfig,
+    state: RunState,
+    result: dict[str, Any],
+    inputs: pa.Table,
+    *,
+    messages: int,
+    lost: int,
+    verdict: dict[str, Any],
+) -> dict[str, Any]:
+    """A run's summary (a row of report.json's `runs`): its percentiles, stages, verdict,
+    achieved rate and cost."""
+    pct = result["percentiles"]
+    max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
+    return {
         "rate": state.rate,
         "backbone": state.backbone,
         # The Kafka backbone's ETL is Pathway's (deltabus.adapters.bench.kafka_etl).
         "etl": cfg.etl if state.backbone == "delta" else "pathway",
         "samples": result["samples"],
         "messages": messages,
-        "lost": int(lost_after.height),
+        "lost": lost,
         **{k: pct[k] for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")},
-        "achieved_rate": achieved,
+        "achieved_rate": _achieved_rate(inputs, state.start_ms),
         "max_lag_s": round(max_lag, 3),
         "verdict": verdict["verdict"],
         "fell_behind": verdict["verdict"] == BEHIND,
@@ -159,14 +183,37 @@ def evaluate_run(
             **({"idle": state.idle} if state.idle else {}),
         },
     }
-    if state.served is not None:
-        summary["serving"] = _serving(cfg, state, samples, errors)
-    detail: dict[str, Any] = {
+
+
+def _achieved_rate(inputs: pa.Table, start_ms: float) -> float:
+    """Messages per second the inputs took, from the schedule's start to their last commit."""
+    last_commit = float(pc.max(inputs["input_commit_ms"]).as_py() or 0) if inputs.num_rows else 0.0
+    span_s = (last_commit - start_ms) / 1000
+    return round(inputs.num_rows / span_s, 1) if span_s > 0 else 0.0
+
+
+def _run_detail(
+    cfg: BenchConfig,
+    state: RunState,
+    summary: dict[str, Any],
+    *,
+    lake_prefix: str,
+    samples_table: str,
+    result: dict[str, Any],
+    lost_warmup: int,
+    lost_examples: list[str],
+    checks: dict[str, Any],
+    verdict: dict[str, Any],
+    errors: list[str],
+) -> dict[str, Any]:
+    """A run's detail (runs/<backbone>-<rate>.json): its summary, configuration, the
+    producers' and ETL's reports, the accounting and the series over time."""
+    return {
         **summary,
         "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
         "store": cfg.store,
-        "lake_prefix": lake.settings.prefix,
-        "samples_table": uri,
+        "lake_prefix": lake_prefix,
+        "samples_table": samples_table,
         "schedule_start_ms": state.start_ms,
         "warmup_s": cfg.warmup,
         "duration_s": cfg.duration,
@@ -181,7 +228,7 @@ def evaluate_run(
         "timings": state.timings,
         "samples_including_warmup": result["samples_including_warmup"],
         "lost_during_warmup": lost_warmup,
-        "lost_examples": missing["message"].head(5).to_list(),
+        "lost_examples": lost_examples,
         "checks": checks,
         "behind": verdict,
         "errors": errors,
@@ -189,37 +236,84 @@ def evaluate_run(
         "over_time": result["over_time"],
         "stages_over_time": result["stages_over_time"],
     }
-    if state.drain is not None and state.drain.resumed_ms is not None:
-        d = state.drain
-        detail["drain"] = {
-            "signal": d.signal,
-            "restart_ready_s": d.restart_ready_s,
-            "down_at_s": round((d.down_ms - state.start_ms) / 1000, 2),
-            **recovery(
-                con,
-                down_ms=d.down_ms,
-                resumed_ms=d.resumed_ms,
-                warmup_end_ms=state.start_ms + cfg.warmup * 1000,
-                threshold_s=cfg.recovery_threshold,
-            ),
-        }
-    elif cfg.backlog_drain and state.backbone == "delta":
-        errors.append("the backlog drain did not complete (the run ended first)")
-    if cfg.soak and state.backbone == "delta":
-        passes = [m for m in state.maintenance if m.get("event") == "pass"]
-        detail["soak"] = {
-            "maintenance_passes": len(passes),
-            "maintenance_errors": [m for m in state.maintenance if m.get("event") == "error"],
-            "maintenance_at_s": [round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes],
-            "maintenance_duration_s": [
-                round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes
-            ],
-            "quarters": quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration),
-            "tables": _table_sizes(lake),
-        }
-    if errors:
-        for e in errors:
-            log.error("%s at %s msg/s: %s", state.backbone, state.rate, e)
+
+
+def _accounting_errors(
+    checks: dict[str, Any],
+    result: dict[str, Any],
+    *,
+    expected: int,
+    messages: int,
+    lost: int,
+    lost_warmup: int,
+) -> list[str]:
+    """What the accounting of messages found wrong: messages never seen, repeated,
+    unexpected or mis-parsed, inputs that differ from the schedule, a shifted warm-up."""
+    errors = []
+    if lost or lost_warmup:
+        errors.append(
+            f"{lost + lost_warmup} message(s) produced but never seen within the grace period "
+            f"({lost} after the warm-up, {lost_warmup} during it)"
+        )
+    for key in (
+        "duplicate_rows_seen",
+        "seen_but_not_produced",
+        "parsed_timestamp_mismatches",
+        "retractions_seen",
+        "duplicate_inputs",
+    ):
+        if checks[key]:
+            errors.append(f"{key.replace('_', ' ')}: {checks[key]}")
+    if checks["produced_rows"] != expected:
+        errors.append(
+            f"the inputs hold {checks['produced_rows']} messages, the schedule {expected}"
+        )
+    if not result["first_sent_is_schedule_start"] and result["samples"]:
+        errors.append("the first sample is not the first scheduled message (warm-up shifted)")
+    if result["samples"] != messages - lost:
+        errors.append(
+            f"samples after warm-up {result['samples']} != messages {messages} - lost {lost}"
+        )
+    return errors
+
+
+def _drain_detail(cfg: BenchConfig, state: RunState, con: Any) -> dict[str, Any]:
+    """A backlog drain: when the ETL went down, how long its restart took, and when p99
+    was back to its level before the stop."""
+    d = state.drain
+    assert d is not None and d.resumed_ms is not None
+    return {
+        "signal": d.signal,
+        "restart_ready_s": d.restart_ready_s,
+        "down_at_s": round((d.down_ms - state.start_ms) / 1000, 2),
+        **recovery(
+            con,
+            down_ms=d.down_ms,
+            resumed_ms=d.resumed_ms,
+            warmup_end_ms=state.start_ms + cfg.warmup * 1000,
+            threshold_s=cfg.recovery_threshold,
+        ),
+    }
+
+
+def _soak_detail(cfg: BenchConfig, state: RunState, con: Any, lake: Lake) -> dict[str, Any]:
+    """A soak with maintenance: its passes, their errors and durations, the latency per
+    quarter of the run, and the tables' sizes at the end."""
+    passes = [m for m in state.maintenance if m.get("event") == "pass"]
+    return {
+        "maintenance_passes": len(passes),
+        "maintenance_errors": [m for m in state.maintenance if m.get("event") == "error"],
+        "maintenance_at_s": [round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes],
+        "maintenance_duration_s": [round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes],
+        "quarters": quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration),
+        "tables": _table_sizes(lake),
+    }
+
+
+def _log_run(state: RunState, summary: dict[str, Any], errors: list[str]) -> None:
+    """One line per error, and the run's figures."""
+    for e in errors:
+        log.error("%s at %s msg/s: %s", state.backbone, state.rate, e)
     log.info(
         "%s at %s msg/s: %d samples, p50 %.3f s, p99 %.3f s, max %.3f s, lost %d%s",
         state.backbone,
@@ -231,7 +325,6 @@ def evaluate_run(
         summary["lost"],
         f", {summary['verdict'].upper()}" if summary["verdict"] != KEEPING_UP else "",
     )
-    return summary, detail
 
 
 def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> dict:

@@ -239,55 +239,60 @@ def report_markdown(
     lines += serving_markdown(runs)
     lines += ["", "## Run details", ""]
     for r, d in zip(runs, details, strict=True):
-        lines.append(f"### {r['backbone']} at {r['rate']:,} msg/s")
-        lines.append("")
-        behind = d["behind"]
-        lines.append(
-            f"- verdict: **{r['verdict']}** (backlog when producing ended "
-            f"{behind['backlog_at_end_s']} s, quarter p50s {behind['quarter_p50_s']} s, "
-            f"p50 trend {behind['slope_s_per_s']} s/s, p99 bound {behind['p99_bound_s']:g} s; "
-            f"rule: {behind['rule']})"
-        )
-        if d.get("cpu"):
-            cpu = ", ".join(f"{k} {v}%" for k, v in d["cpu"].items())
-            lines.append(f"- CPU during the load (% of one core): {cpu}")
-        if d.get("lost_examples"):
-            lines.append(f"- **lost messages** (e.g. {', '.join(d['lost_examples'])})")
-        for key in ("checks_failed", "errors"):
-            for item in d.get(key, []):
-                lines.append(f"- **{key.replace('_', ' ')}**: {item}")
-        if d.get("drain"):
-            dr = d["drain"]
-            restart = f", restart took {dr['restart_ready_s']} s" if dr["restart_ready_s"] else ""
-            lines.append(
-                f"- backlog drain ({dr['signal']}): {_drained(d)} down {dr['down_s']} s{restart}, "
-                f"{dr['backlog_messages']:,} messages backlog, peak latency "
-                f"{dr['peak_latency_s']} s; backlog drained {dr['backlog_drained_s']} s after "
-                f"the resumption; back under {dr['threshold_s']} s after "
-                f"{dr['recovery_s_p99']} s (p99) / {dr['recovery_s_p50']} s (p50), under twice "
-                f"the pre-outage p99 ({dr['baseline_p99_s']} s) after "
-                f"{dr['recovery_s_to_2x_baseline_p99']} s (None: not within the run. Rule: "
-                f"{dr['rule']})"
-            )
-        if d.get("soak"):
-            sk = d["soak"]
-            q = "; ".join(
-                f"Q{x['quarter']} {fmt(x['p50'])} / {fmt(x['p99'])}" for x in sk["quarters"]
-            )
-            lines.append(
-                f"- soak: {sk['maintenance_passes']} maintenance passes; p50 / p99 per quarter: {q}"
-            )
-            if sk.get("tables"):
-                lines.append(f"- tables at the end: {sk['tables']}")
-        plot = plots.get(f"{r['backbone']}-{r['rate']}")
-        if plot:
-            lines += ["", f"![latency over time]({plot})"]
-        lines.append("")
+        lines += _run_details(r, d, plots.get(f"{r['backbone']}-{r['rate']}"))
     if plots.get("rates"):
         lines += ["## Percentiles versus rate", "", f"![percentiles vs rate]({plots['rates']})", ""]
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)
+
+
+def _run_details(r: dict, d: dict, plot: str | None) -> list[str]:
+    """A run's section of report.md: its verdict and why, CPU, lost messages, errors, the
+    backlog drain, the soak, and its latency plot."""
+    lines = []
+    lines.append(f"### {r['backbone']} at {r['rate']:,} msg/s")
+    lines.append("")
+    behind = d["behind"]
+    lines.append(
+        f"- verdict: **{r['verdict']}** (backlog when producing ended "
+        f"{behind['backlog_at_end_s']} s, quarter p50s {behind['quarter_p50_s']} s, "
+        f"p50 trend {behind['slope_s_per_s']} s/s, p99 bound {behind['p99_bound_s']:g} s; "
+        f"rule: {behind['rule']})"
+    )
+    if d.get("cpu"):
+        cpu = ", ".join(f"{k} {v}%" for k, v in d["cpu"].items())
+        lines.append(f"- CPU during the load (% of one core): {cpu}")
+    if d.get("lost_examples"):
+        lines.append(f"- **lost messages** (e.g. {', '.join(d['lost_examples'])})")
+    for key in ("checks_failed", "errors"):
+        for item in d.get(key, []):
+            lines.append(f"- **{key.replace('_', ' ')}**: {item}")
+    if d.get("drain"):
+        dr = d["drain"]
+        restart = f", restart took {dr['restart_ready_s']} s" if dr["restart_ready_s"] else ""
+        lines.append(
+            f"- backlog drain ({dr['signal']}): {_drained(d)} down {dr['down_s']} s{restart}, "
+            f"{dr['backlog_messages']:,} messages backlog, peak latency "
+            f"{dr['peak_latency_s']} s; backlog drained {dr['backlog_drained_s']} s after "
+            f"the resumption; back under {dr['threshold_s']} s after "
+            f"{dr['recovery_s_p99']} s (p99) / {dr['recovery_s_p50']} s (p50), under twice "
+            f"the pre-outage p99 ({dr['baseline_p99_s']} s) after "
+            f"{dr['recovery_s_to_2x_baseline_p99']} s (None: not within the run. Rule: "
+            f"{dr['rule']})"
+        )
+    if d.get("soak"):
+        sk = d["soak"]
+        q = "; ".join(f"Q{x['quarter']} {fmt(x['p50'])} / {fmt(x['p99'])}" for x in sk["quarters"])
+        lines.append(
+            f"- soak: {sk['maintenance_passes']} maintenance passes; p50 / p99 per quarter: {q}"
+        )
+        if sk.get("tables"):
+            lines.append(f"- tables at the end: {sk['tables']}")
+    if plot:
+        lines += ["", f"![latency over time]({plot})"]
+    lines.append("")
+    return lines
 
 
 def write_reports(

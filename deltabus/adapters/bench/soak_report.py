@@ -199,25 +199,15 @@ def build_soak_report(
     messages are errors of their own when `final`.
     """
     from deltabus.adapters.bench.report import store_description
-    from deltabus.adapters.bench.soak_windows import SEEN_SPAN_S, latency_figures
+    from deltabus.adapters.bench.soak_windows import latency_figures
 
     windows, warmup, counts = soak.windows()
     for w in windows:
         w["maintenance"] = maintenance_in_window(
             events, start_ms + w["start_s"] * 1000, start_ms + w["end_s"] * 1000
         )
-    hists, _, _ = soak.latency.snapshot()
-    messages = sum(soak.latency.expected(k) for k in range(soak.n))
-    seen = sum(h.count for h in hists)
-    accounting = {
-        "messages": messages,
-        "seen": seen,
-        "lost": messages - seen,
-        "warmup_messages": warmup["messages"],
-        "lost_during_warmup": warmup["not_seen"],
-        "seen_span_s": SEEN_SPAN_S,
-        **counts,
-    }
+    accounting = _accounting(soak, warmup, counts)
+    messages = accounting["messages"]
     errors = list(run_errors)
     if final:
         errors += _accounting_errors(accounting)
@@ -264,6 +254,25 @@ def build_soak_report(
         "notes": notes,
     }
     return report
+
+
+def _accounting(soak: Any, warmup: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+    """Every message of the windows so far: scheduled, seen, lost, and the sliding
+    bitmaps' counts of repeats, late, unexpected and mistimed rows."""
+    from deltabus.adapters.bench.soak_windows import SEEN_SPAN_S
+
+    hists, _, _ = soak.latency.snapshot()
+    messages = sum(soak.latency.expected(k) for k in range(soak.n))
+    seen = sum(h.count for h in hists)
+    return {
+        "messages": messages,
+        "seen": seen,
+        "lost": messages - seen,
+        "warmup_messages": warmup["messages"],
+        "lost_during_warmup": warmup["not_seen"],
+        "seen_span_s": SEEN_SPAN_S,
+        **counts,
+    }
 
 
 def _accounting_errors(a: dict[str, Any]) -> list[str]:
