@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -15,7 +14,7 @@ import typer
 
 from deltabus.adapters.bench.command import bench as bench_command
 from deltabus.adapters.bench.command import store_check as store_check_command
-from deltabus.adapters.cli_state import lake, state
+from deltabus.adapters.cli_state import emit, lake, state
 from deltabus.adapters.serving.opensearch_cli import opensearch_app, serve_opensearch
 from deltabus.adapters.streams_cli import consume_stream, groups_app, produce_stream, streams_app
 from deltabus.core.errors import ConfigError, user_storage_error
@@ -89,17 +88,6 @@ def check_output(out: Path) -> None:
             f"--out {out}: cannot write in {parent.absolute()}: {exc.strerror or exc}",
             "choose a writable path for --out",
         ) from None
-
-
-def emit(title: str, report: dict) -> None:
-    """Print a report as JSON or as an aligned key/value block on stdout."""
-    if state.as_json:
-        print(json.dumps(report, default=str))
-        return
-    print(title)
-    width = max(len(k) for k in report) if report else 0
-    for key, value in report.items():
-        print(f"  {key.ljust(width)}  {value}")
 
 
 @app.command("init-bucket")

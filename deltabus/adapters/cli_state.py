@@ -1,11 +1,14 @@
-"""What every `deltabus` command shares: the global options, the settings, the lake.
+"""What every `deltabus` command shares: the global options, the settings, the lake, and
+how a report is printed.
 
-Kept apart from deltabus.adapters.cli so that commands defined in other modules (`deltabus bench`)
-can use them without importing the CLI module that registers them.
+Kept apart from deltabus.adapters.cli so that commands defined in other modules
+(`deltabus bench`, `deltabus serve opensearch`) can use them without importing the CLI
+module that registers them.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from deltabus.core import retry
@@ -42,3 +45,14 @@ def lake(check: bool = True, write: bool = False) -> Lake:
     if check:
         lk.check(write=write)
     return lk
+
+
+def emit(title: str, report: dict) -> None:
+    """Print a report as JSON or as an aligned key/value block on stdout."""
+    if state.as_json:
+        print(json.dumps(report, default=str))
+        return
+    print(title)
+    width = max(len(k) for k in report) if report else 0
+    for key, value in report.items():
+        print(f"  {key.ljust(width)}  {value}")

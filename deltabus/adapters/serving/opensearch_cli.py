@@ -112,7 +112,7 @@ def serve_opensearch(
     each write carries the unified version as its external version, and the sink's
     position is a document of deltabus_sink_position.
     """
-    from deltabus.adapters.cli import emit
+    from deltabus.adapters.cli_state import emit
     from deltabus.adapters.serving import opensearch_connection as osc
     from deltabus.adapters.serving.opensearch import OpenSearchSink
     from deltabus.adapters.serving.opensearch_target import check_index_name
