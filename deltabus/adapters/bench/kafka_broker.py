@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from deltabus.core.errors import DeltabusError
+from deltabus.core.paths import platform_script
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def kafka_script() -> Path:
     explicit = os.environ.get("DELTABUS_KAFKA_SH")
     if explicit:
         return Path(explicit)
-    return Path(__file__).resolve().parents[2] / "platform" / "kafka.sh"
+    return platform_script("kafka.sh")
 
 
 def free_port_pair() -> int:

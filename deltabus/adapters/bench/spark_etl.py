@@ -37,9 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deltabus.core.paths import platform_script
+
 log = logging.getLogger(__name__)
 
-SPARK_SH = Path(__file__).resolve().parents[2] / "platform" / "spark.sh"
+SPARK_SH = platform_script("spark.sh")
 SETUP_HINT = (
     "run `make spark` once: it installs the spark dependency group (pyspark, delta-spark) "
     "and caches the Delta and s3a jars (bash platform/spark.sh fetch); Java 17 must be on PATH"

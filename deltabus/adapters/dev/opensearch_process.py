@@ -29,6 +29,7 @@ from pathlib import Path
 
 from deltabus.core.errors import DeltabusError
 from deltabus.core.net import free_port, port_taken
+from deltabus.core.paths import platform_script
 from deltabus.core.processes import spawn
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def fetch_script() -> Path:
     explicit = os.environ.get("DELTABUS_OPENSEARCH_SH")
     if explicit:
         return Path(explicit)
-    return Path(__file__).resolve().parents[1] / "platform" / "opensearch.sh"
+    return platform_script("opensearch.sh")
 
 
 def fetch_jars(timeout: float = 900) -> Path:
