@@ -38,8 +38,8 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.core.net import free_port
+from deltabus.core.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKSPACE = REPO_ROOT / "workspace.yaml"
 LOCATION = "deltabus"
 # The repository Dagster makes of a code location's `Definitions`.

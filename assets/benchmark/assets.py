@@ -21,8 +21,8 @@ from dagster import (
 from pydantic import Field
 
 from assets.common import BENCHMARK_GROUP, MEASURED_POOL, markdown_table
+from deltabus.core.paths import REPO_ROOT
 from deltabus.core.processes import child_env
-from resources.etl import REPO_ROOT
 from resources.lake import LakeResource
 
 STATS = ["p50", "p75", "p85", "p95", "p99", "p99.9", "max"]

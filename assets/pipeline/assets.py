@@ -45,9 +45,10 @@ from deltabus.apps.timezones.producer import Producer, ProducerReport
 from deltabus.apps.timezones.producer import ProducerConfig as EngineProducerConfig
 from deltabus.apps.timezones.results import export_results
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
+from deltabus.core.paths import REPO_ROOT
 from deltabus.core.processes import etl_command, wait_for_file
 from deltabus.delta.lake import Lake
-from resources.etl import PIPES_INTERNAL_WARNING, REPO_ROOT, EtlServiceResource
+from resources.etl import PIPES_INTERNAL_WARNING, EtlServiceResource
 from resources.lake import LakeResource
 from resources.s3 import ensure_bucket
 

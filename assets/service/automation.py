@@ -31,8 +31,9 @@ from assets.common import table_rows
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.service import lag, other_live_etl
 from deltabus.core.errors import DeltabusError
+from deltabus.core.paths import REPO_ROOT
 from deltabus.core.processes import wait_for_file
-from resources.etl import REPO_ROOT, EtlServiceResource
+from resources.etl import EtlServiceResource
 from resources.lake import LakeResource
 
 SERVICE_ALIVE_CHECK = "etl_service_alive"
