@@ -17,7 +17,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_TABLE
-from deltabus.apps.timezones.etl.sink import position_marker
+from deltabus.apps.timezones.etl.positions import position_marker
 from deltabus.apps.timezones.producer import Producer, ProducerConfig
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli

@@ -24,7 +24,7 @@ import pytest
 from deltalake import DeltaTable, TableFeatures, write_deltalake
 
 from deltabus.apps.timezones.contracts import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE
-from deltabus.apps.timezones.etl.sink import position_marker
+from deltabus.apps.timezones.etl.positions import position_marker
 from deltabus.apps.timezones.producer import Producer, ProducerConfig
 from deltabus.delta.lake import Lake
 from deltabus.delta.protocol import (
@@ -681,6 +681,7 @@ def test_source_sends_each_version_whole_and_in_order(local_lake: Lake) -> None:
 
     class Tail:
         skipped_change_commits = 0
+        skipped_files = 0
 
         def rows(self, commit: Commit) -> pa.Table:
             return tables[commit.version]
@@ -702,6 +703,6 @@ def test_source_sends_each_version_whole_and_in_order(local_lake: Lake) -> None:
         rejects=RejectsWriter(local_lake),
         skip_change_commits=False,
     )
-    subject._emit(Tail(), [Commit(v, {}) for v in (4, 5, 6)])  # type: ignore[arg-type]
+    subject.emit(Tail(), [Commit(v, {}) for v in (4, 5, 6)])  # type: ignore[arg-type]
     assert sent == [(4, [1, -1]), (5, [-1, -1]), (6, [1])]
-    assert subject.stats.retractions == 3 and subject.next_version == 7
+    assert subject.stats.retractions == 3 and subject.sent_version == 6

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
-from deltabus.apps.timezones.etl.sink import BURST, REFILL_PER_INTERVAL, DeltaSinkObserver
+from deltabus.apps.timezones.etl.sink import DeltaSinkObserver
+from deltabus.connectors.pathway.sink import BURST, REFILL_PER_INTERVAL
 from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table

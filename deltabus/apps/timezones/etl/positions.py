@@ -19,7 +19,8 @@ ETL_APP_ID = "deltabus-etl"
 
 
 def position_marker(table: str) -> str:
-    """App transaction holding the last input version of `table` in the output."""
+    """App transaction holding the last input version of `table` in the output (the
+    table sink's marker, deltabus.connectors.pathway.sink, of sink `deltabus-etl`)."""
     return f"{ETL_APP_ID}@{table}"
 
 

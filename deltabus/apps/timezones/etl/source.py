@@ -1,19 +1,12 @@
-"""Delta tail source: a Pathway Python connector that reads new Delta versions only.
+"""The ETL's input: deltabus' Pathway table tail (deltabus.connectors.pathway) over one
+input table, validating what it reads.
 
-Each poll reads the next commit of the Delta log (deltabus.bus.tail): one GET, which also
-says whether the version has landed; the rows it changed are read from its files
-(compaction commits change none). Every Delta version becomes ONE Pathway row holding
-its accepted rows as an Arrow table (date, message, diff; `BatchSchema`), which the
-transform converts in one vectorised pass. Neither Python nor the engine touches a
-single message. A version's insertions and retractions (rows an input deleted or
-updated, diff -1) travel in that one row, so they reach the unified table in the same
-commit.
-
-Inputs written by other Delta writers are read as the protocol says; a version the tail
-cannot read correctly (unsupported reader feature, rows deleted without change data, a
-data file that cannot be read as Parquet) raises a `DeltabusError` from this thread
-before anything of it is sent, so the ETL stops and the position stays before it; the
-subject keeps that error in `error`.
+Every Delta version becomes ONE Pathway row holding its accepted rows as an Arrow table
+(date, message, diff; `BatchSchema`), which the transform converts in one vectorised
+pass. Neither Python nor the engine touches a single message. A version's insertions and
+retractions (rows an input deleted or updated, diff -1) travel in that one row, so they
+reach the unified table in the same commit. A version the tail refuses stops the ETL
+with its position before it (`TableTail`).
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -33,11 +25,11 @@ import pyarrow.compute as pc
 
 from deltabus.apps.timezones.etl.rejects import RejectsWriter
 from deltabus.apps.timezones.etl.validate import producer_rows, split_rows, split_valid
-from deltabus.bus.pacing import Pacer
 from deltabus.bus.tail import Commit, DeltaLogTail
-from deltabus.core.errors import DeltabusError, StorageError
+from deltabus.connectors.pathway.tail import TableTail
+from deltabus.core.errors import DeltabusError
 from deltabus.core.retry import retry_storage
-from deltabus.delta.lake import NOT_DELTA_GRACE_S, Lake
+from deltabus.delta.lake import Lake
 from deltabus.delta.protocol import concat, without_views
 from deltabus.delta.tables import meta
 
@@ -74,8 +66,13 @@ class SourceStats:
     skipped_files: int = 0  # unreadable data files left out (--on-corrupt-file skip)
 
 
-class DeltaTailSubject(pw.io.python.ConnectorSubject):
-    """Tails one Delta table from `start_version` on."""
+class DeltaTailSubject(TableTail):
+    """Tails one input table from `start_version` on: each version's valid rows as one
+    `BatchSchema` row, its rejects to `rejects`.
+
+    Bounded, it ends once the producer runs it waits for marked themselves finished
+    (`until_runs`, else `expected_producers` of them) and no commit is waiting.
+    """
 
     def __init__(
         self,
@@ -95,143 +92,41 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         until_runs: frozenset[str] = frozenset(),
         skip_corrupt_files: bool = False,
     ) -> None:
-        super().__init__(datasource_name=f"delta:{table}")
-        self.lake = lake
-        self.table = table
-        self.next_version = start_version
+        super().__init__(
+            lake,
+            table,
+            start_version,
+            poll_interval=poll_interval,
+            stop=stop,
+            max_versions_per_read=max_versions_per_read,
+            on_start=on_start,
+            skip_change_commits=skip_change_commits,
+            skip_corrupt_files=skip_corrupt_files,
+        )
         self.bounded = bounded
         self.expected_producers = expected_producers
         # Bounded mode: the producer runs whose finish markers end this input (when set,
         # instead of a count: earlier runs' markers in the table's history do not count).
         self.until_runs = until_runs
-        self.poll_interval = poll_interval
-        self.stop = stop
         self.rejects = rejects
-        self.max_versions_per_read = max_versions_per_read
         self.stats = SourceStats(finished_runs=set(finished_runs or ()))
-        self.on_start = on_start
         # Called right after rows were sent (etl.ticker commits them); with it
-        # set, the subject also commits right before sending (see `_emit`).
+        # set, the subject also commits right before sending (see `emit`).
         self.on_sent: Callable[[], None] | None = None
         # The last input version sent to Pathway: the ticker commits until the sink has
         # seen it.
         self.sent_version = start_version - 1
-        # The problem that stopped this tail (see the module docstring), else None.
-        self.error: DeltabusError | None = None
-        # Skip input commits that remove rows without change data (Settings).
-        self.skip_change_commits = skip_change_commits
-        # Leave out data files that cannot be read as Parquet (--on-corrupt-file skip).
-        self.skip_corrupt_files = skip_corrupt_files
 
-    @property
-    def _deletions_enabled(self) -> bool:
-        return False
-
-    def _wait_for_table(self) -> bool:
-        """Wait for the input table; files without a Delta log for long are an error.
-
-        A writer creating a table puts data files before the first log entry, so files
-        without a log are only an error once they stay that way for `NOT_DELTA_GRACE_S`.
-        """
-        announced = False
-        not_delta_since: float | None = None
-        while not self.stop.is_set():
-            try:
-                found = retry_storage(
-                    lambda: self.lake.require_delta_or_absent(self.table),
-                    what=f"look for {self.table}",
-                )
-            except StorageError:
-                not_delta_since = not_delta_since or time.monotonic()
-                if time.monotonic() - not_delta_since > NOT_DELTA_GRACE_S:
-                    raise
-                found = False
-            if found:
-                log.info(
-                    "input table %s found, tailing from version %d", self.table, self.next_version
-                )
-                return True
-            if not announced:
-                log.info(
-                    "waiting for input table %s at %s to be created",
-                    self.table,
-                    self.lake.uri(self.table),
-                )
-                announced = True
-            self.stop.wait(max(self.poll_interval, 0.2))
-        return False
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except DeltabusError as exc:
-            self.error = exc
-            raise
-
-    def _run(self) -> None:
-        if self.on_start:
-            self.on_start()
-        if not self._wait_for_table():
-            return
-        tail = DeltaLogTail(
-            self.lake,
-            self.table,
-            skip_change_commits=self.skip_change_commits,
-            skip_corrupt_files=self.skip_corrupt_files,
-        )
-        # The protocol and schema in force where we resume: an unsupported one stops here.
-        retry_storage(
-            lambda: tail.start(self.next_version), what=f"read the protocol of {self.table}"
-        )
+    def resumed(self) -> None:
         if self.bounded and self.next_version > 0:
             self._note_finished_before(self.next_version)
-        pacer = Pacer(self.lake, self.table, self.poll_interval, self.stop)
-        while not self.stop.is_set():
-            commits, refused = self._fetch_available(tail, pacer)
-            pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
-            if commits:
-                self._emit(tail, commits)
-                self.stats.skipped_files = tail.skipped_files
-            if refused is not None:
-                raise refused  # the versions before it are sent; nothing of it is
-            if len(commits) == self.max_versions_per_read:
-                continue  # behind: read on right away
-            finished = (
-                self.until_runs <= self.stats.finished_runs
-                if self.until_runs
-                else len(self.stats.finished_runs) >= self.expected_producers
-            )
-            if not commits and self.bounded and finished:
-                log.info("input %s finished at version %d", self.table, self.next_version - 1)
-                return
-            pacer.wait()
 
-    def _fetch_available(
-        self, tail: DeltaLogTail, pacer: Pacer
-    ) -> tuple[list[Commit], DeltabusError | None]:
-        """The commits that have landed from `next_version` on (at most a read's worth),
-        and the error of a version the tail refuses (the commits before it still go).
-
-        With `notified` (the highest version the store announced) at or past the next
-        version, the versions up to it are read without a GET that finds nothing after.
-        """
-        commits: list[Commit] = []
-        notified = pacer.latest_notified()
-        upto = notified if notified is not None and notified >= self.next_version else None
-        while len(commits) < self.max_versions_per_read:
-            version = self.next_version + len(commits)
-            if upto is not None and version > upto:
-                break
-            try:
-                commit = retry_storage(lambda v=version: tail.commit(v), what=f"poll {self.table}")
-            except DeltabusError as exc:
-                return commits, exc
-            if commit is None:
-                break
-            commits.append(commit)
-            if upto is None and not pacer.next_landed(commit.timestamp_ms):
-                break  # the next one is not due yet: no GET that would find nothing
-        return commits, None
+    def finished(self) -> bool:
+        if not self.bounded:
+            return False
+        if self.until_runs:
+            return self.until_runs <= self.stats.finished_runs
+        return len(self.stats.finished_runs) >= self.expected_producers
 
     def _note_finished_before(self, version: int) -> None:
         """Finish markers in versions an earlier run already processed still count."""
@@ -292,7 +187,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
             self.rejects.write(self.table, bad)
         return valid.to_arrow(compat_level=ARROW_COMPAT)
 
-    def _emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
+    def emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
         """Validate the commits' rows and send one Pathway row per version; a version
         whose rows the tail refuses raises before any of the commits is sent."""
         parts = [
@@ -303,6 +198,7 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         for commit in commits:
             self._note_finished(commit.info)
         self.stats.skipped_change_commits = tail.skipped_change_commits
+        self.stats.skipped_files = tail.skipped_files
         groups: list[tuple[int, pa.Table]] = []
         if parts:
             valid = self._validate(concat(parts))
@@ -325,7 +221,6 @@ class DeltaTailSubject(pw.io.python.ConnectorSubject):
         if self.on_sent is not None:
             self.on_sent()
         self.stats.versions += len(commits)
-        self.next_version = commits[-1].version + 1
         self.stats.latest_version = commits[-1].version
 
     def _note_finished(self, info: dict) -> None:

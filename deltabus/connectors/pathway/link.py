@@ -1,0 +1,206 @@
+"""Pathway on deltabus streams, with no licence key: a stream read as one Pathway row per
+partition commit, and such rows written to another stream, exactly once.
+
+    link = Link(bus, "eur", source="orders", target="orders_eur")
+    batches = link.read()                      # partition, version, rows (Arrow)
+    link.write(batches.select(partition=pw.this.partition, version=pw.this.version,
+                              rows=to_eur(pw.this.rows)))
+    pw.run()
+
+Each row's `rows` wraps an Arrow table: the source's columns and `diff` (+1, or -1 for a
+row another writer deleted or updated). A Pathway program maps it to the target's
+columns (a `pw.udf` over the wrapped table). Each partition is read by a `TableTail`
+and written by a `TableSink`, the time-zone ETL's own source and sink: about once per
+commit interval the sink commits the rows it got, together with the last source version
+they cover, in one Delta commit of the target's partition table; the reader of a
+restarted program starts after those positions. So every source commit reaches the
+target exactly once, whenever the program dies, as long as each output row comes from
+one input row (a map, a filter): positions travel in the rows. Like the time-zone ETL,
+this costs the engine one row per commit, not per record
+(docs/adr/0010-one-pathway-row-per-input-version.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pathway as pw
+import pyarrow as pa
+
+from deltabus.bus.client import Bus
+from deltabus.bus.streams import Stream
+from deltabus.bus.tail import Commit, DeltaLogTail
+from deltabus.bus.writers import close_writers, open_writers
+from deltabus.connectors.pathway.sink import Received, TableSink
+from deltabus.connectors.pathway.tail import TableTail
+from deltabus.core.errors import ConfigError
+from deltabus.core.retry import retry_storage
+
+log = logging.getLogger(__name__)
+
+
+class StreamBatch(pw.Schema):
+    """One commit of one partition: its rows as a wrapped Arrow table."""
+
+    partition: int
+    version: int
+    rows: pw.PyObjectWrapper
+
+
+class Link:
+    """A Pathway program from stream `source` to stream `target`, named `name`.
+
+    Args:
+        bus: the lake both streams are declared in.
+        name: the link's stable name: its positions are app transactions of the target's
+            tables named after it and the source table, so a restarted link resumes.
+        source: the declared stream read (`read`).
+        target: the declared stream written (`write`), with the source's partition count.
+        poll_interval_s: how long a partition's reader waits after finding no new commit.
+        commit_interval_s: the writer commits each partition about once per interval.
+
+    Raises:
+        ConfigError: a stream is not declared, or the partition counts differ.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        name: str,
+        *,
+        source: str,
+        target: str,
+        poll_interval_s: float = 0.1,
+        commit_interval_s: float = 0.1,
+    ) -> None:
+        self.bus = bus
+        self.name = name
+        self.source: Stream = bus.stream(source)
+        self.target: Stream = bus.stream(target)
+        if self.source.partitions != self.target.partitions:
+            raise ConfigError(
+                f"link {name}: {source} has {self.source.partitions} partitions and {target} "
+                f"{self.target.partitions}",
+                "declare the target with the source's partition count",
+            )
+        self.poll_interval_s = poll_interval_s
+        self.commit_interval_s = commit_interval_s
+        self.stop = threading.Event()
+        self.writers = open_writers(bus.lake, self.target)
+        self.types = self.writers[0].types
+        self.tails: list[_PartitionTail] = []
+        self.sinks: list[TableSink] = []
+
+    def marker(self, source_table: str) -> str:
+        """The app transaction holding the link's last version of `source_table`."""
+        return f"pathway:{self.name}:{source_table}"
+
+    def app_id(self, partition: int) -> str:
+        return f"pathway:{self.name}:p{partition}"
+
+    def positions(self) -> dict[int, int]:
+        """Per partition: the last source version in the target (-1: none)."""
+        positions = {}
+        for p, writer in enumerate(self.writers):
+            last = writer.appender.transaction_version(self.marker(self.source.table(p)))
+            positions[p] = -1 if last is None else last
+        return positions
+
+    def read(self) -> pw.Table:
+        """The source as StreamBatch rows, from the positions the target holds on."""
+        self.tails = [_PartitionTail(self, p, v + 1) for p, v in self.positions().items()]
+        tables = [
+            pw.io.python.read(
+                tail, schema=StreamBatch, autocommit_duration_ms=None, name=f"deltabus_{tail.table}"
+            )
+            for tail in self.tails
+        ]
+        return pw.Table.concat_reindex(*tables) if len(tables) > 1 else tables[0]
+
+    def write(self, table: pw.Table) -> None:
+        """Append `table`'s rows (partition, version, rows in the target's columns) to the
+        target's partitions, each commit with the source positions it covers
+        (deltabus.connectors.pathway.sink); rows that do not fit the target stop the
+        program with a `ConfigError`."""
+        positions = self.positions()
+        for p, writer in enumerate(self.writers):
+            source = self.source.table(p)
+            app_id = self.app_id(p)
+            sink = TableSink(
+                writer.appender,
+                {source: positions[p]},
+                self.commit_interval_s,
+                (writer.appender.transaction_version(app_id) or 0) + 1,
+                app_id=app_id,
+                to_table=self._target_rows,
+                checkpointer=writer.checkpointer,
+                commit_info=lambda: {"pathway.link": self.name},
+                marker=self.marker,
+            )
+            batches = table.filter(pw.this.partition == p).select(
+                rows=pw.this.rows, source=source, version=pw.this.version
+            )
+            pw.io.python.write(batches, sink, name=f"deltabus_{writer.table}")
+            self.sinks.append(sink)
+
+    def _target_rows(self, batches: list[Received]) -> pa.Table:
+        """The batches' rows in the target's columns and types; a batch Pathway retracts
+        is left out (a map over appended commits retracts nothing it wrote)."""
+        schema = self.target.schema
+        tables = []
+        for rows, _, sign in batches:
+            if sign < 0:
+                continue
+            try:
+                tables.append(rows.select(schema.names).cast(schema).cast(self.types))
+            except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise ConfigError(
+                    f"link {self.name}: rows for {self.target.name} do not fit its schema: {exc}",
+                    f"map each batch to the columns {', '.join(schema.names)}",
+                ) from None
+        return pa.concat_tables(tables) if tables else self.types.empty_table()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the reader or the writer, if anything did."""
+        for part in (*self.tails, *self.sinks):
+            if part.error is not None:
+                return part.error
+        return None
+
+    def close(self) -> None:
+        """Stop the target's checkpointers (the sinks stop theirs at the program's end)."""
+        close_writers(self.writers)
+
+
+class _PartitionTail(TableTail):
+    """Tails one partition of the link's source: each commit with rows as one
+    `StreamBatch` row."""
+
+    def __init__(self, link: Link, partition: int, start_version: int) -> None:
+        stream = link.source
+        super().__init__(
+            link.bus.lake,
+            stream.table(partition),
+            start_version,
+            poll_interval=link.poll_interval_s,
+            stop=link.stop,
+            columns=stream.schema.names,
+        )
+        self.link = link
+        self.partition = partition
+
+    def emit(self, tail: DeltaLogTail, commits: list[Commit]) -> None:
+        names = self.link.source.schema.names
+        batches = []
+        for commit in commits:
+            rows = retry_storage(lambda c=commit: tail.rows(c), what=f"read {self.table}")
+            if rows is not None:  # None: no rows (a table's creation, a compaction)
+                batches.append((commit.version, rows))
+        for version, rows in batches:
+            diff = rows.column("_diff").cast(pa.int64())
+            rows = rows.select([n for n in names if n in rows.column_names])
+            rows = rows.append_column("diff", diff)
+            self.next(partition=self.partition, version=version, rows=pw.wrap_py_object(rows))
+        self.commit()
