@@ -20,6 +20,7 @@ from deltabus.adapters.bench.config import BenchConfig
 from deltabus.adapters.bench.report import console_text, report_json, serving_markdown
 from deltabus.adapters.bench.serving_opensearch import OpenSearchReader
 from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.adapters.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
 from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for, run_cli
@@ -86,7 +87,7 @@ def test_bench_serve_opensearch(minio: MinioServer, tmp_path: Path) -> None:
     stdout, report, out = _bench(minio, tmp_path, "opensearch")
     assert "unified commit→OpenSearch" in stdout and "--serve opensearch" in stdout
     serving = _check_serving(report, out, "opensearch", "opensearch")
-    assert serving["refresh_interval_ms"] == 1000
+    assert serving["refresh_interval_ms"] == DEFAULT_REFRESH_INTERVAL_MS
     sink = serving["sink_report"]
     assert sink["docs_indexed"] == sink["indexed_docs"] == 10_000, sink
     assert sink["docs_deleted"] == 0

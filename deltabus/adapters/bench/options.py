@@ -231,8 +231,8 @@ Serve = Annotated[
         "else a throwaway PostgreSQL on loopback. opensearch: once searchable in the "
         "index; uses DELTABUS_OPENSEARCH_URL (a fresh index, deleted afterwards), else a "
         "throwaway node on loopback (Java 17). The OpenSearch sink acknowledges a batch "
-        "once searchable, so that stage is about half --serve-refresh-ms plus the bulk "
-        "request. Delta backbone only."
+        "once searchable, so that stage takes about two to three refresh intervals. "
+        "Delta backbone only."
     ),
 ]
 
@@ -240,7 +240,7 @@ ServeRefreshMs = Annotated[
     int | None,
     typer.Option(
         help="With --serve opensearch: the served index's refresh interval (ms, "
-        "1..60000; default: the sink's, 1000). Shorter makes documents searchable "
+        "1..60000; default: the sink's, 200). Shorter makes documents searchable "
         "sooner at the cost of more segments and merges."
     ),
 ]

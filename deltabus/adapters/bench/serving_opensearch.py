@@ -5,8 +5,9 @@ deleted afterwards with the sink's position document), else a throwaway node on 
 (deltabus.adapters.dev.opensearch_process), whose JVM's CPU is watched as "opensearch" and which is
 warmed up first (`warm_up`: a fresh JVM indexes far slower until it has compiled its
 indexing and search paths, which a serving node in use has long done). The sink
-acknowledges a batch once it is searchable (`refresh=wait_for`), so the stage is about
-half the refresh interval plus the bulk request's time; `--serve-refresh-ms` sets it.
+acknowledges a batch once it is searchable (`refresh=wait_for`) and sends the next one
+after, so the stage takes about two to three refresh intervals (ADR 0005);
+`--serve-refresh-ms` sets the interval.
 
 The reader stamps a message when the sink's position first covers it. Each poll reads
 the position P (a real-time get); only when P has moved does it search, for the

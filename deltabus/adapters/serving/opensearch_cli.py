@@ -101,7 +101,7 @@ def serve_opensearch(
             help="The index's refresh interval (ms): a batch is acknowledged once searchable, "
             "so this bounds its wait; shorter costs more segments and merges.",
         ),
-    ] = 1000,
+    ] = 200,
     ready_file: Annotated[
         Path | None, typer.Option(help="Create this file once the sink is following.")
     ] = None,
