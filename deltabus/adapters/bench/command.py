@@ -136,7 +136,7 @@ def bench(
         from deltabus.adapters.bench.report import console_text
         from deltabus.adapters.bench.results import RunSummary
 
-        runs = [RunSummary.from_dict(r) for r in report["runs"]]
+        runs = [RunSummary.model_validate(r) for r in report["runs"]]
         machine = report["machine"]
         print(console_text(config.profile, machine, config.command, runs, config.store))
         print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")

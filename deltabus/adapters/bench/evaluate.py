@@ -8,7 +8,7 @@ deltabus.adapters.bench.report.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -128,7 +128,13 @@ def evaluate_run(
         cfg, state, result, inputs, messages=messages, lost=int(lost_after.height), verdict=verdict
     )
     if state.served is not None:
-        summary = replace(summary, serving=_serving(cfg, state, samples, errors))
+        summary = summary.model_copy(update={"serving": _serving(cfg, state, samples, errors)})
+    drain: DrainResult | None = None
+    if state.drain is not None and state.drain.resumed_ms is not None:
+        drain = _drain_detail(cfg, state, con)
+    elif cfg.backlog_drain and state.backbone == "delta":
+        errors.append("the backlog drain did not complete (the run ended first)")
+    soak = _soak_detail(cfg, state, con, lake) if cfg.soak and state.backbone == "delta" else None
     detail = _run_detail(
         cfg,
         state,
@@ -141,13 +147,7 @@ def evaluate_run(
         checks=checks,
         verdict=verdict,
         errors=errors,
-    )
-    if state.drain is not None and state.drain.resumed_ms is not None:
-        detail = replace(detail, drain=_drain_detail(cfg, state, con))
-    elif cfg.backlog_drain and state.backbone == "delta":
-        errors.append("the backlog drain did not complete (the run ended first)")
-    if cfg.soak and state.backbone == "delta":
-        detail = replace(detail, soak=_soak_detail(cfg, state, con, lake))
+    ).model_copy(update={"drain": drain, "soak": soak})
     _log_run(state, summary, errors)
     return detail
 
@@ -166,7 +166,7 @@ def _run_summary(
     achieved rate and cost (with the idle pipeline's, when measured)."""
     pct = result["percentiles"]
     max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
-    idle = Idle.from_dict(state.idle) if state.idle else None
+    idle = Idle.model_validate(state.idle) if state.idle else None
     return RunSummary(
         rate=state.rate,
         backbone=state.backbone,
@@ -213,8 +213,8 @@ def _run_detail(
     errors: list[str],
 ) -> RunDetail:
     """A run's detail (runs/<backbone>-<rate>.json): its summary, configuration, the
-    producers' and ETL's reports, the accounting and the series over time. `errors` is
-    the run's list itself: what is appended to it later is in the detail."""
+    producers' and ETL's reports, the accounting and the series over time. The detail
+    holds a copy of `errors`: the run's errors are complete before it is built."""
     return RunDetail(
         summary=summary,
         profile=cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
@@ -357,14 +357,15 @@ def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[
 
         refresh_ms = cfg.serve_refresh_ms or DEFAULT_REFRESH_INTERVAL_MS
     replay = state.serving_replay
-    out = replace(
-        out,
-        refresh_interval_ms=refresh_ms,
-        cpu_pct_of_one_core={
-            k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
-        },
-        sink_report=state.serving_report,
-        replay=ServingReplay.from_dict(replay) if replay is not None else None,
+    out = out.model_copy(
+        update={
+            "refresh_interval_ms": refresh_ms,
+            "cpu_pct_of_one_core": {
+                k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
+            },
+            "sink_report": state.serving_report,
+            "replay": ServingReplay.model_validate(replay) if replay is not None else None,
+        }
     )
     if out.not_served:
         errors.append(

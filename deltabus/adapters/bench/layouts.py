@@ -97,7 +97,7 @@ def summarise(layouts: tuple[Layout, ...], results: list[dict[str, Any]]) -> dic
     runs: dict[tuple[Layout, int, int], RunSummary] = {}
     rates: list[int] = []
     for res in results:
-        for run in map(RunSummary.from_dict, res["runs"]):
+        for run in map(RunSummary.model_validate, res["runs"]):
             runs[(res["layout"], run.rate, res["round"])] = run
             if run.rate not in rates:
                 rates.append(run.rate)

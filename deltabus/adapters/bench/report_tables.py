@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from deltabus.adapters.bench.results import Idle, RunSummary, Serving
+from deltabus.adapters.bench.result_parts import Idle, Serving
+from deltabus.adapters.bench.results import RunSummary
 from deltabus.adapters.bench.verdict import KEEPING_UP
 
 
