@@ -18,6 +18,7 @@ import pytest
 
 from deltabus.adapters.bench.config import BenchConfig
 from deltabus.adapters.bench.report import console_text, report_json, serving_markdown
+from deltabus.adapters.bench.results import RunSummary
 from deltabus.adapters.bench.serving_opensearch import OpenSearchReader
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.adapters.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
@@ -126,16 +127,16 @@ def _run(backend: str, keys: dict[str, Any]) -> dict[str, Any]:
 
 def test_serving_report_names_the_backend() -> None:
     opensearch = _run("opensearch", {"backend": "opensearch", "refresh_interval_ms": 500})
-    text = "\n".join(serving_markdown([opensearch]))
+    text = "\n".join(serving_markdown([RunSummary.model_validate(opensearch)]))
     assert "`--serve opensearch`" in text and "unified commit→OpenSearch" in text
     assert "500 ms" in text
     # A run reported before the OpenSearch stage existed has no "backend": postgres.
-    old = "\n".join(serving_markdown([_run("postgres", {})]))
+    old = "\n".join(serving_markdown([RunSummary.model_validate(_run("postgres", {}))]))
     assert "unified commit→PostgreSQL" in old
     keys = {"samples", "messages", "lost", "stages", "cost", "max_lag_s", "achieved_rate"}
     keys |= {"p50", "p75", "p85", "p95", "p99", "p99.9", "max", "fell_behind"}
     run = opensearch | dict.fromkeys(keys)
-    report = report_json("100ms", "m", "c", [run])
+    report = report_json("100ms", "m", "c", [RunSummary.model_validate(run)])
     assert report["highest_keeping_up_rate"]["opensearch serving"] == 2000
     assert "postgres serving" not in report["highest_keeping_up_rate"]
 
@@ -151,7 +152,9 @@ def test_the_console_is_rendered_from_the_runs_not_from_report_md() -> None:
     }
     run |= {"p50": 0.2, "p99": 0.4, "etl": "pathway"}
     run["cost"] = {"cpu_cores_total": 0.5, "cpu_s_per_million_msgs_total": 40.0}
-    text = console_text("100ms", "2 cores (CPU)", "deltabus bench", [run])
+    text = console_text(
+        "100ms", "2 cores (CPU)", "deltabus bench", [RunSummary.model_validate(run)]
+    )
     lines = text.splitlines()
     assert lines[0] == "# deltabus latency benchmark" and "- machine: 2 cores (CPU)" in lines
     assert any(line.startswith("| 2,000 | 0.20 / 0.40") for line in lines), text

@@ -30,46 +30,46 @@ def test_flat_but_seconds_behind_is_behind():
     """A backlog built early and carried at a constant 7 s is not keeping up."""
     points = series(lambda t: 7.0)
     result = classify(points, WARMUP, p99_of(points), None)
-    assert result["verdict"] == BEHIND
-    assert not result["grows"] and result["backlog_at_end_s"] == 7.0
+    assert result.verdict == BEHIND
+    assert not result.grows and result.backlog_at_end_s == 7.0
 
 
 def test_messages_never_seen_make_a_run_behind():
     """A run whose ETL never delivered (nothing seen: no latency series at all) or
     delivered part of the messages did not keep up, whatever the seen ones' latencies."""
     empty = classify([], WARMUP, None, 0.1)
-    assert empty["verdict"] == KEEPING_UP  # the series alone cannot tell
+    assert empty.verdict == KEEPING_UP  # the series alone cannot tell
     unseen = classify([], WARMUP, None, 0.1, unseen=300_000)
-    assert unseen["verdict"] == BEHIND and unseen["unseen_after_warmup"] == 300_000
+    assert unseen.verdict == BEHIND and unseen.unseen_after_warmup == 300_000
     low = classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1)
     assert classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1, unseen=0) == low
-    assert classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1, unseen=5)["verdict"] == BEHIND
+    assert classify(series(lambda t: 0.15), WARMUP, 0.3, 0.1, unseen=5).verdict == BEHIND
 
 
 def test_growing_lag_is_behind():
     points = series(lambda t: 0.2 + 0.15 * t)
     result = classify(points, WARMUP, p99_of(points), 1.0)
-    assert result["verdict"] == BEHIND and result["grows"]
+    assert result.verdict == BEHIND and result.grows
 
 
 def test_flat_low_is_keeping_up():
     points = series(lambda t: 0.15)
     result = classify(points, WARMUP, 0.3, 0.1)
-    assert result["verdict"] == KEEPING_UP
+    assert result.verdict == KEEPING_UP
 
 
 def test_a_spike_that_recovers_is_over_bound():
     points = series(lambda t: 3.0 if t in (14, 15) else 0.15)
     result = classify(points, WARMUP, p99_of(points), 0.1)
-    assert result["verdict"] == OVER_BOUND
-    assert not result["grows"] and result["backlog_at_end_s"] < result["p99_bound_s"]
+    assert result.verdict == OVER_BOUND
+    assert not result.grows and result.backlog_at_end_s < result.p99_bound_s
 
 
 def test_the_bound_follows_the_commit_interval():
     assert p99_bound_s(0.1) == 2.0 and p99_bound_s(1.0) == 5.0 and p99_bound_s(None) == 2.0
     points = series(lambda t: 1.5)  # flat 1.5 s at 1000 ms commits: within 5 s
-    assert classify(points, WARMUP, 2.5, 1.0)["verdict"] == KEEPING_UP
-    assert classify(points, WARMUP, 2.5, 0.1)["verdict"] == OVER_BOUND
+    assert classify(points, WARMUP, 2.5, 1.0).verdict == KEEPING_UP
+    assert classify(points, WARMUP, 2.5, 0.1).verdict == OVER_BOUND
 
 
 def test_minio_request_counters_become_billing_classes():
@@ -91,5 +91,5 @@ def test_minio_request_counters_become_billing_classes():
     # 1 PUT/s for a day: 86.4 thousand requests at 0.005 USD per thousand.
     assert daily_request_cost({"PUT": 1.0}) == 0.43
     summary = cost_summary({"etl": 50.0, "minio": 25.0}, 10_000, {"GET": 10.0, "total": 10.0})
-    assert summary["cpu_s_per_million_msgs"] == {"etl": 50.0, "minio": 25.0}
-    assert summary["cpu_cores_total"] == 0.75 and summary["requests_per_million_msgs"] == 1000.0
+    assert summary.cpu_s_per_million_msgs == {"etl": 50.0, "minio": 25.0}
+    assert summary.cpu_cores_total == 0.75 and summary.requests_per_million_msgs == 1000.0

@@ -134,8 +134,10 @@ def bench(
         _print_soak(out, report)
     else:
         from deltabus.adapters.bench.report import console_text
+        from deltabus.adapters.bench.results import RunSummary
 
-        runs, machine = report["runs"], report["machine"]
+        runs = [RunSummary.model_validate(r) for r in report["runs"]]
+        machine = report["machine"]
         print(console_text(config.profile, machine, config.command, runs, config.store))
         print(f"\nreport: {out / 'report.md'}  (report.json, plots and logs in {out})")
     if errors:

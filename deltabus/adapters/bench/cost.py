@@ -14,6 +14,8 @@ import time
 import urllib.request
 from typing import Any
 
+from deltabus.adapters.bench.result_parts import Cost, Idle
+
 # Public list prices of a large cloud object store (S3 Standard, us-east-1), USD per 1,000
 # requests: PUT, COPY, POST and LIST at 0.005; GET, HEAD and the rest at 0.0004; DELETE free.
 PRICE_PER_1000 = {"PUT": 0.005, "LIST": 0.005, "GET": 0.0004, "HEAD": 0.0004, "OTHER": 0.0004}
@@ -99,26 +101,32 @@ def daily_request_cost(per_second: dict[str, float]) -> float:
 
 
 def cost_summary(
-    cpu_pct: dict[str, float], rate: float, requests_per_s: dict[str, float] | None
-) -> dict[str, Any]:
+    cpu_pct: dict[str, float],
+    rate: float,
+    requests_per_s: dict[str, float] | None,
+    idle: Idle | None = None,
+) -> Cost:
     """CPU-seconds per million messages per component, requests per second and per million
-    messages, and the request bill per day at list prices."""
+    messages, the request bill per day at list prices, and `idle` as measured."""
     components = {k: v for k, v in cpu_pct.items() if not k.startswith("machine")}
     per_million = {name: round(pct / 100 / rate * 1_000_000, 1) for name, pct in components.items()}
-    out: dict[str, Any] = {
-        "cpu_pct_of_one_core": components,
-        "cpu_s_per_million_msgs": per_million,
-        "cpu_s_per_million_msgs_total": round(sum(per_million.values()), 1),
-        "cpu_cores_total": round(sum(components.values()) / 100, 2),
-    }
     # The whole machine: busy, stolen by the hypervisor and waiting for the disk (iowait),
     # on average and in the worst second.
     machine = {k.removeprefix("machine_"): v for k, v in cpu_pct.items() if k.startswith("machine")}
-    if machine:
-        out["machine"] = machine
+    requests: dict[str, Any] = {}
     if requests_per_s is not None:
-        out["requests_per_s"] = requests_per_s
-        out["requests_per_million_msgs"] = round(requests_per_s["total"] / rate * 1_000_000, 1)
-        out["request_cost_usd_per_day"] = daily_request_cost(requests_per_s)
-        out["prices"] = PRICES_NOTE
-    return out
+        requests = {
+            "requests_per_s": requests_per_s,
+            "requests_per_million_msgs": round(requests_per_s["total"] / rate * 1_000_000, 1),
+            "request_cost_usd_per_day": daily_request_cost(requests_per_s),
+            "prices": PRICES_NOTE,
+        }
+    return Cost(
+        cpu_pct_of_one_core=components,
+        cpu_s_per_million_msgs=per_million,
+        cpu_s_per_million_msgs_total=round(sum(per_million.values()), 1),
+        cpu_cores_total=round(sum(components.values()) / 100, 2),
+        machine=machine,
+        idle=idle,
+        **requests,
+    )

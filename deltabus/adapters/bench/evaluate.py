@@ -27,7 +27,9 @@ from deltabus.adapters.bench.analysis import (
 )
 from deltabus.adapters.bench.config import BenchConfig
 from deltabus.adapters.bench.cost import cost_summary
-from deltabus.adapters.bench.verdict import BEHIND, KEEPING_UP, classify
+from deltabus.adapters.bench.result_parts import Idle, Serving, ServingReplay, StageLatency
+from deltabus.adapters.bench.results import DrainResult, Quarter, RunDetail, RunSummary, SoakResult
+from deltabus.adapters.bench.verdict import BEHIND, KEEPING_UP, Verdict, classify
 from deltabus.adapters.bench.workload import ProducerSpec
 from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
 from deltabus.delta.lake import Lake
@@ -79,8 +81,8 @@ NO_INPUT_COMMIT = (
 
 def evaluate_run(
     cfg: BenchConfig, lake: Lake, state: RunState, inputs: pa.Table, seen: pa.Table
-) -> tuple[dict, dict]:
-    """Account for every scheduled message and shape one run's summary and detail.
+) -> RunDetail:
+    """Account for every scheduled message and shape one run's detail (with its summary).
 
     Errors (lost, duplicated or unexpected messages, wrong timestamps, a shifted warm-up)
     make the command fail; notes explain what limits a figure.
@@ -126,7 +128,13 @@ def evaluate_run(
         cfg, state, result, inputs, messages=messages, lost=int(lost_after.height), verdict=verdict
     )
     if state.served is not None:
-        summary["serving"] = _serving(cfg, state, samples, errors)
+        summary = summary.model_copy(update={"serving": _serving(cfg, state, samples, errors)})
+    drain: DrainResult | None = None
+    if state.drain is not None and state.drain.resumed_ms is not None:
+        drain = _drain_detail(cfg, state, con)
+    elif cfg.backlog_drain and state.backbone == "delta":
+        errors.append("the backlog drain did not complete (the run ended first)")
+    soak = _soak_detail(cfg, state, con, lake) if cfg.soak and state.backbone == "delta" else None
     detail = _run_detail(
         cfg,
         state,
@@ -139,15 +147,9 @@ def evaluate_run(
         checks=checks,
         verdict=verdict,
         errors=errors,
-    )
-    if state.drain is not None and state.drain.resumed_ms is not None:
-        detail["drain"] = _drain_detail(cfg, state, con)
-    elif cfg.backlog_drain and state.backbone == "delta":
-        errors.append("the backlog drain did not complete (the run ended first)")
-    if cfg.soak and state.backbone == "delta":
-        detail["soak"] = _soak_detail(cfg, state, con, lake)
+    ).model_copy(update={"drain": drain, "soak": soak})
     _log_run(state, summary, errors)
-    return summary, detail
+    return detail
 
 
 def _run_summary(
@@ -158,31 +160,35 @@ def _run_summary(
     *,
     messages: int,
     lost: int,
-    verdict: dict[str, Any],
-) -> dict[str, Any]:
+    verdict: Verdict,
+) -> RunSummary:
     """A run's summary (a row of report.json's `runs`): its percentiles, stages, verdict,
-    achieved rate and cost."""
+    achieved rate and cost (with the idle pipeline's, when measured)."""
     pct = result["percentiles"]
     max_lag = max((float(r.get("max_lag_s", 0)) for r in state.producer_reports), default=0.0)
-    return {
-        "rate": state.rate,
-        "backbone": state.backbone,
+    idle = Idle.model_validate(state.idle) if state.idle else None
+    return RunSummary(
+        rate=state.rate,
+        backbone=state.backbone,
         # The Kafka backbone's ETL is Pathway's (deltabus.adapters.bench.kafka_etl).
-        "etl": cfg.etl if state.backbone == "delta" else "pathway",
-        "samples": result["samples"],
-        "messages": messages,
-        "lost": lost,
-        **{k: pct[k] for k in ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")},
-        "achieved_rate": _achieved_rate(inputs, state.start_ms),
-        "max_lag_s": round(max_lag, 3),
-        "verdict": verdict["verdict"],
-        "fell_behind": verdict["verdict"] == BEHIND,
-        "stages": result["stages"],
-        "cost": {
-            **cost_summary(state.cpu, state.rate, state.requests),
-            **({"idle": state.idle} if state.idle else {}),
-        },
-    }
+        etl=cfg.etl if state.backbone == "delta" else "pathway",
+        samples=result["samples"],
+        messages=messages,
+        lost=lost,
+        p50=pct["p50"],
+        p75=pct["p75"],
+        p85=pct["p85"],
+        p95=pct["p95"],
+        p99=pct["p99"],
+        p99_9=pct["p99.9"],
+        max=pct["max"],
+        achieved_rate=_achieved_rate(inputs, state.start_ms),
+        max_lag_s=round(max_lag, 3),
+        verdict=verdict.verdict,
+        fell_behind=verdict.verdict == BEHIND,
+        stages={name: StageLatency(**s) for name, s in result["stages"].items()},
+        cost=cost_summary(state.cpu, state.rate, state.requests, idle),
+    )
 
 
 def _achieved_rate(inputs: pa.Table, start_ms: float) -> float:
@@ -195,7 +201,7 @@ def _achieved_rate(inputs: pa.Table, start_ms: float) -> float:
 def _run_detail(
     cfg: BenchConfig,
     state: RunState,
-    summary: dict[str, Any],
+    summary: RunSummary,
     *,
     lake_prefix: str,
     samples_table: str,
@@ -203,39 +209,40 @@ def _run_detail(
     lost_warmup: int,
     lost_examples: list[str],
     checks: dict[str, Any],
-    verdict: dict[str, Any],
+    verdict: Verdict,
     errors: list[str],
-) -> dict[str, Any]:
+) -> RunDetail:
     """A run's detail (runs/<backbone>-<rate>.json): its summary, configuration, the
-    producers' and ETL's reports, the accounting and the series over time."""
-    return {
-        **summary,
-        "profile": cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
-        "store": cfg.store,
-        "lake_prefix": lake_prefix,
-        "samples_table": samples_table,
-        "schedule_start_ms": state.start_ms,
-        "warmup_s": cfg.warmup,
-        "duration_s": cfg.duration,
-        "producers": [vars(s) | {"total": s.total} for s in state.specs],
-        "producer_reports": state.producer_reports,
-        "producer_mode": cfg.producer_mode,
-        "partitions": cfg.partitions,
-        "partitioner": cfg.partitioner,
-        "etl_processes": cfg.etl_processes,
-        "etl_reports": state.etl_reports,
-        "cpu": state.cpu,
-        "timings": state.timings,
-        "samples_including_warmup": result["samples_including_warmup"],
-        "lost_during_warmup": lost_warmup,
-        "lost_examples": lost_examples,
-        "checks": checks,
-        "behind": verdict,
-        "errors": errors,
-        "notes": state.notes,
-        "over_time": result["over_time"],
-        "stages_over_time": result["stages_over_time"],
-    }
+    producers' and ETL's reports, the accounting and the series over time. The detail
+    holds a copy of `errors`: the run's errors are complete before it is built."""
+    return RunDetail(
+        summary=summary,
+        profile=cfg.profile if state.backbone == "delta" else "n/a (Kafka: per message)",
+        store=cfg.store,
+        lake_prefix=lake_prefix,
+        samples_table=samples_table,
+        schedule_start_ms=state.start_ms,
+        warmup_s=cfg.warmup,
+        duration_s=cfg.duration,
+        producers=[vars(s) | {"total": s.total} for s in state.specs],
+        producer_reports=state.producer_reports,
+        producer_mode=cfg.producer_mode,
+        partitions=cfg.partitions,
+        partitioner=cfg.partitioner,
+        etl_processes=cfg.etl_processes,
+        etl_reports=state.etl_reports,
+        cpu=state.cpu,
+        timings=state.timings,
+        samples_including_warmup=result["samples_including_warmup"],
+        lost_during_warmup=lost_warmup,
+        lost_examples=lost_examples,
+        checks=checks,
+        behind=verdict,
+        errors=errors,
+        notes=state.notes,
+        over_time=result["over_time"],
+        stages_over_time=result["stages_over_time"],
+    )
 
 
 def _accounting_errors(
@@ -277,40 +284,42 @@ def _accounting_errors(
     return errors
 
 
-def _drain_detail(cfg: BenchConfig, state: RunState, con: Any) -> dict[str, Any]:
+def _drain_detail(cfg: BenchConfig, state: RunState, con: Any) -> DrainResult:
     """A backlog drain: when the ETL went down, how long its restart took, and when p99
     was back to its level before the stop."""
     d = state.drain
     assert d is not None and d.resumed_ms is not None
-    return {
-        "signal": d.signal,
-        "restart_ready_s": d.restart_ready_s,
-        "down_at_s": round((d.down_ms - state.start_ms) / 1000, 2),
-        **recovery(
-            con,
-            down_ms=d.down_ms,
-            resumed_ms=d.resumed_ms,
-            warmup_end_ms=state.start_ms + cfg.warmup * 1000,
-            threshold_s=cfg.recovery_threshold,
-        ),
-    }
+    figures = recovery(
+        con,
+        down_ms=d.down_ms,
+        resumed_ms=d.resumed_ms,
+        warmup_end_ms=state.start_ms + cfg.warmup * 1000,
+        threshold_s=cfg.recovery_threshold,
+    )
+    return DrainResult(
+        signal=d.signal,
+        restart_ready_s=d.restart_ready_s,
+        down_at_s=round((d.down_ms - state.start_ms) / 1000, 2),
+        **figures,
+    )
 
 
-def _soak_detail(cfg: BenchConfig, state: RunState, con: Any, lake: Lake) -> dict[str, Any]:
+def _soak_detail(cfg: BenchConfig, state: RunState, con: Any, lake: Lake) -> SoakResult:
     """A soak with maintenance: its passes, their errors and durations, the latency per
     quarter of the run, and the tables' sizes at the end."""
     passes = [m for m in state.maintenance if m.get("event") == "pass"]
-    return {
-        "maintenance_passes": len(passes),
-        "maintenance_errors": [m for m in state.maintenance if m.get("event") == "error"],
-        "maintenance_at_s": [round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes],
-        "maintenance_duration_s": [round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes],
-        "quarters": quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration),
-        "tables": _table_sizes(lake),
-    }
+    quarters = quarter_drift(con, state.start_ms, cfg.warmup, cfg.duration)
+    return SoakResult(
+        maintenance_passes=len(passes),
+        maintenance_errors=[m for m in state.maintenance if m.get("event") == "error"],
+        maintenance_at_s=[round((m["start_ms"] - state.start_ms) / 1000, 1) for m in passes],
+        maintenance_duration_s=[round((m["end_ms"] - m["start_ms"]) / 1000, 2) for m in passes],
+        quarters=[Quarter(**q) for q in quarters],
+        tables=_table_sizes(lake),
+    )
 
 
-def _log_run(state: RunState, summary: dict[str, Any], errors: list[str]) -> None:
+def _log_run(state: RunState, summary: RunSummary, errors: list[str]) -> None:
     """One line per error, and the run's figures."""
     for e in errors:
         log.error("%s at %s msg/s: %s", state.backbone, state.rate, e)
@@ -318,16 +327,16 @@ def _log_run(state: RunState, summary: dict[str, Any], errors: list[str]) -> Non
         "%s at %s msg/s: %d samples, p50 %.3f s, p99 %.3f s, max %.3f s, lost %d%s",
         state.backbone,
         f"{state.rate:,}",
-        summary["samples"],
-        summary["p50"] or 0,
-        summary["p99"] or 0,
-        summary["max"] or 0,
-        summary["lost"],
-        f", {summary['verdict'].upper()}" if summary["verdict"] != KEEPING_UP else "",
+        summary.samples,
+        summary.p50 or 0,
+        summary.p99 or 0,
+        summary.max or 0,
+        summary.lost,
+        f", {summary.verdict.upper()}" if summary.verdict != KEEPING_UP else "",
     )
 
 
-def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> dict:
+def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> Serving:
     """--serve: the serving stage, its verdict and its CPU (deltabus.adapters.bench.serving)."""
     from deltabus.adapters.bench.serving import SERVER_CPU, SINK_CPU, SYSTEMS, serving_summary
 
@@ -342,19 +351,25 @@ def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[
         ),
         backend=cfg.serve,
     )
+    refresh_ms = None
     if cfg.serve == "opensearch":  # what shapes the stage: the index's refresh interval
         from deltabus.adapters.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
 
-        out["refresh_interval_ms"] = cfg.serve_refresh_ms or DEFAULT_REFRESH_INTERVAL_MS
-    out["cpu_pct_of_one_core"] = {
-        k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
-    }
-    out["sink_report"] = state.serving_report
-    if state.serving_replay is not None:
-        out["replay"] = state.serving_replay
-    if out["not_served"]:
+        refresh_ms = cfg.serve_refresh_ms or DEFAULT_REFRESH_INTERVAL_MS
+    replay = state.serving_replay
+    out = out.model_copy(
+        update={
+            "refresh_interval_ms": refresh_ms,
+            "cpu_pct_of_one_core": {
+                k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
+            },
+            "sink_report": state.serving_report,
+            "replay": ServingReplay.model_validate(replay) if replay is not None else None,
+        }
+    )
+    if out.not_served:
         errors.append(
-            f"{out['not_served']} message(s) seen in timezone_unified but never in "
+            f"{out.not_served} message(s) seen in timezone_unified but never in "
             f"{SYSTEMS[cfg.serve]}"
         )
     return out

@@ -17,6 +17,7 @@ from typing import Any
 
 from deltabus.adapters.bench.config import BenchConfig
 from deltabus.adapters.bench.report import write_json
+from deltabus.adapters.bench.results import RunSummary
 from deltabus.adapters.bench.verdict import KEEPING_UP
 from deltabus.core.errors import ConfigError
 
@@ -93,13 +94,13 @@ def summarise(layouts: tuple[Layout, ...], results: list[dict[str, Any]]) -> dic
     """Per layout and rate: cores per round, the ratio over the base layout of the same
     round, their mean and spread, the p99s and whether every run kept up."""
     base = layouts[0]
-    runs: dict[tuple[Layout, int, int], dict] = {}
+    runs: dict[tuple[Layout, int, int], RunSummary] = {}
     rates: list[int] = []
     for res in results:
-        for run in res["runs"]:
-            runs[(res["layout"], run["rate"], res["round"])] = run
-            if run["rate"] not in rates:
-                rates.append(run["rate"])
+        for run in map(RunSummary.model_validate, res["runs"]):
+            runs[(res["layout"], run.rate, res["round"])] = run
+            if run.rate not in rates:
+                rates.append(run.rate)
     rounds = sorted({res["round"] for res in results})
     rows = []
     for rate in rates:
@@ -124,9 +125,9 @@ def summarise(layouts: tuple[Layout, ...], results: list[dict[str, Any]]) -> dic
                     "over_base_min": None if layout == base or not ratios else min(ratios),
                     "over_base_max": None if layout == base or not ratios else max(ratios),
                     "cpu_s_per_million_msgs": _component_means(done),
-                    "p99": [m["p99"] for m in done],
-                    "lost": sum(m["lost"] for m in done),
-                    "all_keeping_up": bool(done) and all(m["verdict"] == KEEPING_UP for m in done),
+                    "p99": [m.p99 for m in done],
+                    "lost": sum(m.lost for m in done),
+                    "all_keeping_up": bool(done) and all(m.verdict == KEEPING_UP for m in done),
                 }
             )
     machine = next((res["machine"] for res in results if res.get("machine")), "")
@@ -177,23 +178,24 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cores(run: dict | None) -> float | None:
+def _cores(run: RunSummary | None) -> float | None:
     """CPU of every component in cores, unrounded (cpu_cores_total has two decimals)."""
     if run is None:
         return None
-    return sum(run["cost"]["cpu_pct_of_one_core"].values()) / 100
+    return sum(run.cost.cpu_pct_of_one_core.values()) / 100
 
 
 def _mean(values: list[float]) -> float | None:
+    """The mean of `values`, or None when there are none."""
     return mean(values) if values else None
 
 
-def _component_means(runs: list[dict]) -> dict[str, float]:
+def _component_means(runs: list[RunSummary]) -> dict[str, float]:
     """Mean CPU-s per million messages of each component over the runs that have it."""
     parts: dict[str, list[float]] = {}
     for run in runs:
         per_run: dict[str, float] = {}
-        for name, value in run["cost"]["cpu_s_per_million_msgs"].items():
+        for name, value in run.cost.cpu_s_per_million_msgs.items():
             name = "producer" if name.startswith("producer") else name  # not its run id
             per_run[name] = per_run.get(name, 0.0) + value
         for name, value in per_run.items():

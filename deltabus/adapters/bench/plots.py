@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from deltabus.adapters.bench.anchors import ANCHORS, profile_key
+from deltabus.adapters.bench.results import RunSummary
 
 
-def _plt():
+def _plt() -> Any:
+    """pyplot on the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,17 +61,18 @@ def latency_over_time(
     return path
 
 
-def percentiles_vs_rate(path: Path, profile: str, runs: list[dict]) -> Path:
+def percentiles_vs_rate(path: Path, profile: str, runs: list[RunSummary]) -> Path:
     """p50/p95/p99/max against rate per backbone, with the profile's anchors as markers."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     colors = {"p50": "tab:blue", "p95": "tab:orange", "p99": "tab:red", "max": "tab:grey"}
     for backbone, style in (("delta", "-o"), ("kafka", "--s")):
-        rows = sorted((r for r in runs if r["backbone"] == backbone), key=lambda r: r["rate"])
+        rows = sorted((r for r in runs if r.backbone == backbone), key=lambda r: r.rate)
         if not rows:
             continue
         for key, color in colors.items():
-            pts = [(r["rate"], max(r[key], 1e-3)) for r in rows if r[key] is not None]
+            values = [(r.rate, r.percentile(key)) for r in rows]
+            pts = [(rate, max(v, 1e-3)) for rate, v in values if v is not None]
             if not pts:
                 continue
             ax.plot(
@@ -86,7 +90,7 @@ def percentiles_vs_rate(path: Path, profile: str, runs: list[dict]) -> Path:
         ax.plot(ar, [anchors[r][1] for r in ar], "x", color="tab:red", label="anchor p99")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ticks = sorted({r["rate"] for r in runs} | set(anchors))
+    ticks = sorted({r.rate for r in runs} | set(anchors))
     ax.set_xticks(ticks, [f"{t / 1000:g}k" if t >= 1000 else str(t) for t in ticks])
     from matplotlib.ticker import FuncFormatter, NullLocator
 

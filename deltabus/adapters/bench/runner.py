@@ -39,6 +39,7 @@ from deltabus.adapters.bench.evaluate import RunState, evaluate_run
 from deltabus.adapters.bench.kafka_driver import KafkaDriver
 from deltabus.adapters.bench.progress import ProgressDisplay
 from deltabus.adapters.bench.report import write_json, write_reports
+from deltabus.adapters.bench.results import RunDetail
 from deltabus.adapters.bench.workload import ProducerHandle, ProducerSpec
 from deltabus.core.settings import Settings
 from deltabus.delta.lake import Lake
@@ -123,26 +124,27 @@ class Bench:
         if self.cfg.windowed:  # one rate, Delta: windows.json/.md/.png, no report.md
             from deltabus.adapters.bench.soak_report import write_soak_files
 
-            report, _ = self.run_one("delta", self.cfg.rates[0])
+            lake, state = self._fresh_run("delta", self.cfg.rates[0])
+            report = self._run_delta_windowed(lake, state)
             write_soak_files(self.out, report)
             return report
-        runs, details = [], []
+        details = []
         for rate in self.cfg.rates:
             for backbone in self.cfg.backbones:
-                summary, detail = self.run_one(backbone, rate)
-                runs.append(summary)
+                detail = self.run_one(backbone, rate)
                 details.append(detail)
-                write_json(self.out / "runs" / f"{backbone}-{rate}.json", detail)
-        return write_reports(self.out, self.cfg, self.machine, runs, details)
+                write_json(self.out / "runs" / f"{detail.summary.key}.json", detail.to_dict())
+        return write_reports(self.out, self.cfg, self.machine, details)
 
-    def run_one(self, backbone: str, rate: int) -> tuple[dict, dict]:
+    def _fresh_run(self, backbone: str, rate: int) -> tuple[Lake, RunState]:
+        """A run's own lake prefix and its state, empty."""
         prefix = f"{self.base_prefix}/{backbone}-{rate}"
-        lake = Lake(self.settings.with_prefix(prefix))
-        state = RunState(backbone=backbone, rate=rate)
         log.info("%s at %s msg/s: lake prefix %s", backbone, f"{rate:,}", prefix)
-        if backbone == "delta" and self.cfg.windowed:
-            report = self._run_delta_windowed(lake, state)
-            return report, report
+        return Lake(self.settings.with_prefix(prefix)), RunState(backbone=backbone, rate=rate)
+
+    def run_one(self, backbone: str, rate: int) -> RunDetail:
+        """One run of `backbone` at `rate` on a fresh lake prefix, accounted for."""
+        lake, state = self._fresh_run(backbone, rate)
         inputs, seen = self.run_driver(DRIVERS[backbone](self, lake, state))
         return evaluate_run(self.cfg, lake, state, inputs, seen)
 

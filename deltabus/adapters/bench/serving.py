@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from deltabus.adapters.bench.config import SERVE_SYSTEMS
+from deltabus.adapters.bench.result_parts import Percentiles, Serving, Verdict
 from deltabus.apps.timezones.latency import PERCENTILES, over_time, percentile_sql
 from deltabus.core.processes import ChildProcess, deltabus_command
 
@@ -279,18 +280,23 @@ def _r(x: Any) -> float | None:
     return None if x is None else round(float(x), 4)
 
 
+def _percentiles(row: dict[str, Any]) -> Percentiles:
+    """p50, p99, p99.9 and max of a percentile_sql row, to 0.1 ms."""
+    return Percentiles.model_validate({k: _r(row[k]) for k in ("p50", "p99", "p99.9", "max")})
+
+
 def serving_summary(
     samples: pa.Table,
     served: pa.Table,
     *,
     warmup_s: float,
     interval_s: float,
-    classify: Callable[[list[dict[str, Any]], float | None, int], dict[str, Any]],
+    classify: Callable[[list[dict[str, Any]], float | None, int], Verdict],
     backend: str = "postgres",
-) -> dict[str, Any]:
+) -> Serving:
     """The serving stage of one run: the backend, percentiles of unified commit → served
-    and sent → served (keys `unified_commit_to_<backend>`, `sent_to_<backend>`), the
-    verdict and how many messages after the warm-up were never served."""
+    and sent → served, the verdict and how many messages after the warm-up were never
+    served (the sink's CPU and report are the caller's to add)."""
     con = duckdb.connect()
     con.register("samples_arrow", samples)
     con.register("served", served)
@@ -323,12 +329,12 @@ def serving_summary(
     ).fetchone()[0]
     series = over_time(con, "serve_samples", interval_s)
     verdict = classify(series, e2e["p99"], int(not_served))
-    return {
-        "backend": backend,
-        "samples": int(stage["samples"]),
-        "not_served": int(not_served),
-        f"unified_commit_to_{backend}": {k: _r(stage[k]) for k in ("p50", "p99", "p99.9", "max")},
-        f"sent_to_{backend}": {k: _r(e2e[k]) for k in ("p50", "p99", "p99.9", "max")},
-        "verdict": verdict["verdict"],
-        "behind": verdict,
-    }
+    return Serving(
+        backend=backend,
+        samples=int(stage["samples"]),
+        not_served=int(not_served),
+        stage=_percentiles(stage),
+        end_to_end=_percentiles(e2e),
+        verdict=verdict.verdict,
+        behind=verdict,
+    )

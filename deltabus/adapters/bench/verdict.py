@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from deltabus.adapters.bench.result_parts import Verdict
+
 KEEPING_UP = "keeping up"
 OVER_BOUND = "over bound"
 BEHIND = "behind"
@@ -81,7 +83,7 @@ def classify(
     p99_s: float | None,
     commit_interval_s: float | None,
     unseen: int = 0,
-) -> dict[str, Any]:
+) -> Verdict:
     """The verdict of one run, with the figures it rests on. `unseen`: messages after the
     warm-up never seen within the grace period; a run that did not deliver every message
     did not keep up (behind), whatever its seen messages' latencies say."""
@@ -94,16 +96,19 @@ def classify(
         verdict = OVER_BOUND
     else:
         verdict = KEEPING_UP
-    return {
-        "verdict": verdict,
-        "p99_bound_s": bound,
-        "backlog_at_end_s": backlog,
-        **growth,
-        **({"unseen_after_warmup": unseen} if unseen else {}),
-        "rule": (
+    return Verdict(
+        verdict=verdict,
+        p99_bound_s=bound,
+        backlog_at_end_s=backlog,
+        quarter_p50_s=growth["quarter_p50_s"],
+        growth_s=growth["growth_s"],
+        slope_s_per_s=growth["slope_s_per_s"],
+        grows=growth["grows"],
+        unseen_after_warmup=unseen,
+        rule=(
             f"behind: Q4 p50 - Q2 p50 > max({GROWTH_MIN_S} s, {GROWTH_REL:.0%} of Q2 p50) with a "
             f"p50 trend >= {MIN_SLOPE} s/s, or the last tenth's p50 > {bound:g} s, or a message "
             f"never seen within the grace; over bound: p99 > {bound:g} s "
             f"(= max({BOUND_FLOOR_S:g} s, {BOUND_INTERVALS} x commit interval))"
         ),
-    }
+    )
