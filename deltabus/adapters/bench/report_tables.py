@@ -112,9 +112,9 @@ def serving_markdown(runs: list[RunSummary]) -> list[str]:
         if backend == "opensearch":
             how = (
                 "searchable in OpenSearch (a reader polling the index for versions it has not "
-                "seen; the sink acknowledges a batch once searchable, so the stage is about "
-                f"half the refresh interval of {mine[0][1].refresh_interval_ms} ms plus the "
-                "bulk request)"
+                "seen; the sink acknowledges a batch once searchable and then sends the next, "
+                "so the stage takes about two to three refresh intervals of "
+                f"{mine[0][1].refresh_interval_ms} ms)"
             )
         else:
             how = f"visible in {system} (a reader polling the served table)"
