@@ -32,7 +32,7 @@ from deltabus.bus.client import Bus
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import Commit, DeltaLogTail
 from deltabus.bus.writers import close_writers, open_writers
-from deltabus.connectors.pathway.sink import Received, TableSink
+from deltabus.connectors.pathway.sink import Received, TableSink, position_marker
 from deltabus.connectors.pathway.tail import TableTail
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
@@ -54,7 +54,8 @@ class Link:
     Args:
         bus: the lake both streams are declared in.
         name: the link's stable name: its positions are app transactions of the target's
-            tables named after it and the source table, so a restarted link resumes.
+            tables named after it, the partition and the source table
+            (`position_marker`), so a restarted link resumes.
         source: the declared stream read (`read`).
         target: the declared stream written (`write`), with the source's partition count.
         poll_interval_s: how long a partition's reader waits after finding no new commit.
@@ -92,10 +93,6 @@ class Link:
         self.tails: list[_PartitionTail] = []
         self.sinks: list[TableSink] = []
 
-    def marker(self, source_table: str) -> str:
-        """The app transaction holding the link's last version of `source_table`."""
-        return f"pathway:{self.name}:{source_table}"
-
     def app_id(self, partition: int) -> str:
         return f"pathway:{self.name}:p{partition}"
 
@@ -103,7 +100,8 @@ class Link:
         """Per partition: the last source version in the target (-1: none)."""
         positions = {}
         for p, writer in enumerate(self.writers):
-            last = writer.appender.transaction_version(self.marker(self.source.table(p)))
+            marker = position_marker(self.app_id(p), self.source.table(p))
+            last = writer.appender.transaction_version(marker)
             positions[p] = -1 if last is None else last
         return positions
 
@@ -136,7 +134,6 @@ class Link:
                 to_table=self._target_rows,
                 checkpointer=writer.checkpointer,
                 commit_info=lambda: {"pathway.link": self.name},
-                marker=self.marker,
             )
             batches = table.filter(pw.this.partition == p).select(
                 rows=pw.this.rows, source=source, version=pw.this.version

@@ -72,17 +72,16 @@ class TableSink(pw.io.python.ConnectorObserver):
     Args:
         appender: the output table's appender.
         positions: per input table, the highest version already in the output (-1: none);
-            the marker of each is `marker(table)`.
+            recorded in app transaction `position_marker(app_id, table)`.
         commit_interval: seconds; the sink commits at most about once per interval.
         next_seq: the sink's next sequence number (app transaction `app_id`).
-        app_id: names the sink: its sequence and, by default, its position markers.
+        app_id: names the sink: its sequence and its position markers.
         to_table: the output rows of one commit, from its batches (none when the commit
             only moves positions); raising stops the sink before the commit.
         checkpointer: writes the output's checkpoints.
         commit_info: extra commit metadata, asked for at each commit.
         lease: fences the sink: a commit after a newer writer's claim raises.
         on_failure: called with the error that stopped the committer thread.
-        marker: the app transaction of an input table's position.
     """
 
     def __init__(
@@ -98,12 +97,10 @@ class TableSink(pw.io.python.ConnectorObserver):
         commit_info: Callable[[], dict[str, object]] | None = None,
         lease: Lease | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
-        marker: Callable[[str], str] | None = None,
     ) -> None:
         self.appender = appender
         self.app_id = app_id
         self.to_table = to_table
-        self.marker = marker or (lambda table: position_marker(app_id, table))
         self.lease = lease
         self.on_failure = on_failure
         self.checkpointer = checkpointer
@@ -318,7 +315,7 @@ class TableSink(pw.io.python.ConnectorObserver):
             what=f"commit to {self.appender.table}",
             checkpointer=self.checkpointer,
             fence=self.lease.check if self.lease is not None else None,
-            markers={self.marker(t): v for t, v in positions.items() if v >= 0},
+            markers={position_marker(self.app_id, t): v for t, v in positions.items() if v >= 0},
         )
         self.seq += 1
         self.positions = positions
