@@ -27,7 +27,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: link.stop.set())
     print(json.dumps({"running": True}), flush=True)
     pw.run(monitoring_level=pw.MonitoringLevel.NONE)
-    link.close()
+    try:
+        link.close()
+    except deltabus.DeltabusError as exc:
+        print(json.dumps({"error": type(exc).__name__, "problem": exc.problem}), flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 
 from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
-from deltabus.apps.timezones.etl.sink import DeltaSinkObserver
+from deltabus.apps.timezones.etl.sink import DeltaSinkObserver, open_unified
 from deltabus.apps.timezones.producer import Producer, ProducerConfig
 from deltabus.bus.fence import EPOCH_APP_ID, FencedError, claim, current_epoch
-from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table
 from tests.conftest import lake_env
@@ -49,17 +48,9 @@ def test_a_newer_claim_fences_the_older_lease(lake: Lake):
 
 def test_a_fenced_sink_stops_and_writes_nothing(lake: Lake):
     """The old ETL's sink finds its slot taken by the claim: it stops, its batch unwritten."""
-    dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
-    lease = claim(dt, UNIFIED_TABLE, UNIFIED_SCHEMA, "continuous")
+    output = open_unified(lake, UNIFIED_TABLE, ["timezone1", "timezone2"], "continuous")
     failures: list[BaseException] = []
-    sink = DeltaSinkObserver(
-        TableAppender(lake, UNIFIED_TABLE, dt),
-        {"timezone1": -1, "timezone2": -1},
-        0.01,
-        next_seq=0,
-        lease=lease,
-        on_failure=failures.append,
-    )
+    sink = DeltaSinkObserver(output, 0.01, on_failure=failures.append)
     claim(lake.open(UNIFIED_TABLE), UNIFIED_TABLE, UNIFIED_SCHEMA, "continuous")
     now = int(time.time() * 1000)
     sink.on_change(None, batch_row("timezone1", 0, ["m"]), now, True)  # type: ignore[arg-type]

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import time
 
-from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
-from deltabus.apps.timezones.etl.sink import DeltaSinkObserver
+from deltabus.apps.timezones.contracts import UNIFIED_TABLE
+from deltabus.apps.timezones.etl.sink import DeltaSinkObserver, open_unified
 from deltabus.connectors.pathway.sink import BURST, REFILL_PER_INTERVAL
-from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table
 from tests.helpers import batch_row
 
 SOURCES = ("timezone1", "timezone2")
@@ -29,10 +27,8 @@ def deliver(sink: DeltaSinkObserver, source: str, version: int, n: int = 5) -> N
 
 
 def new_sink(lake: Lake, interval: float) -> DeltaSinkObserver:
-    dt = ensure_table(lake, UNIFIED_TABLE, UNIFIED_SCHEMA)
-    return DeltaSinkObserver(
-        TableAppender(lake, UNIFIED_TABLE, dt), dict.fromkeys(SOURCES, -1), interval, next_seq=0
-    )
+    output = open_unified(lake, UNIFIED_TABLE, list(SOURCES), "test", fence=False)
+    return DeltaSinkObserver(output, interval)
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001

@@ -426,10 +426,44 @@ def test_a_link_sigkilled_and_restarted_writes_each_order_once(
 ) -> None:
     """orders -> orders_eur by the bus' transform or by a Pathway program through the
     connector, killed mid-stream and started again: every order lands once."""
-    from tests.bus_worker import EUR_SCHEMA, order
-
     lake = minio_lake
     bus = bus_of(lake)
+    eur, done = feed_orders(bus)
+
+    def start() -> Worker:
+        if engine == "pathway":
+            return Worker(lake, module="tests.bus_pathway_worker")
+        return Worker(lake, "transform")
+
+    worker = start()
+    try:
+        deadline = time.monotonic() + 90
+        while sum(eur_ids(lake, eur).values()) < 300:
+            assert time.monotonic() < deadline, worker.lines
+            worker.check_alive()
+            time.sleep(0.1)
+        worker.kill()  # between output commits, or in the middle of one
+        assert not done.is_set(), "the producer finished before the link was killed"
+        worker = start()
+        assert done.wait(120)
+        expected = {3 * ID_BASE + o for o in range(2000)}
+        deadline = time.monotonic() + 90
+        while set(out := eur_ids(lake, eur)) != expected and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert set(out) == expected and max(out.values()) == 1
+        sample = DeltaTable(lake.uri(eur.tables[0]), storage_options=lake.storage_options)
+        for row in sample.to_pyarrow_table().to_pylist():
+            amount = (row["order_id"] - 3 * ID_BASE) * 0.25 * 0.9
+            assert row["amount_eur"] == pytest.approx(amount)
+    finally:
+        worker.stop()
+
+
+def feed_orders(bus: deltabus.Bus) -> tuple[deltabus.Stream, threading.Event]:
+    """Declare orders and orders_eur (4 partitions), and produce 2,000 orders of producer 3
+    over about 8 s in the background; the event is set when all are committed."""
+    from tests.bus_worker import EUR_SCHEMA, order
+
     bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
     eur = bus.create_stream("orders_eur", EUR_SCHEMA, partitions=4, key="customer")
     done = threading.Event()
@@ -443,40 +477,46 @@ def test_a_link_sigkilled_and_restarted_writes_each_order_once(
                 time.sleep(0.2)
         done.set()
 
-    def written() -> Counter:
-        out: Counter = Counter()
-        for table in eur.tables:
-            dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
-            out.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
-        return out
+    threading.Thread(target=produce, daemon=True).start()
+    return eur, done
 
-    feeder = threading.Thread(target=produce, daemon=True)
-    feeder.start()
 
-    def start() -> Worker:
-        if engine == "pathway":
-            return Worker(lake, module="tests.bus_pathway_worker")
-        return Worker(lake, "transform")
+def eur_ids(lake: Lake, eur: deltabus.Stream) -> Counter:
+    """How often each order id is in orders_eur."""
+    out: Counter = Counter()
+    for table in eur.tables:
+        dt = DeltaTable(lake.uri(table), storage_options=lake.storage_options)
+        out.update(dt.to_pyarrow_table(columns=["order_id"]).column(0).to_pylist())
+    return out
 
-    worker = start()
+
+def test_a_second_program_of_a_pathway_link_fences_the_first(minio_lake: Lake) -> None:
+    """Two programs of one link: the newer claims the target's tables, the older stops at
+    its next commit with a clear error, and every order still lands once."""
+    lake = minio_lake
+    eur, done = feed_orders(bus_of(lake))
+    first = Worker(lake, module="tests.bus_pathway_worker")
+    second = None
     try:
         deadline = time.monotonic() + 90
-        while sum(written().values()) < 300:
-            assert time.monotonic() < deadline, worker.lines
-            worker.check_alive()
+        while sum(eur_ids(lake, eur).values()) < 300:
+            assert time.monotonic() < deadline, first.lines
+            first.check_alive()
             time.sleep(0.1)
-        worker.kill()  # between output commits, or in the middle of one
-        assert not done.is_set(), "the producer finished before the link was killed"
-        worker = start()
-        feeder.join(120)
+        second = Worker(lake, module="tests.bus_pathway_worker")
+        second.wait_for(lambda line: line.get("running"))
+        fenced = first.wait_for(lambda line: "error" in line, timeout=60)
+        assert first.process.wait(30) == 2
+        assert fenced["error"] == "FencedError"
+        assert "another Pathway link eur-pw took over orders_eur" in fenced["problem"]
+        assert done.wait(120)
         expected = {3 * ID_BASE + o for o in range(2000)}
         deadline = time.monotonic() + 90
-        while set(out := written()) != expected and time.monotonic() < deadline:
+        while set(out := eur_ids(lake, eur)) != expected and time.monotonic() < deadline:
+            second.check_alive()
             time.sleep(0.3)
         assert set(out) == expected and max(out.values()) == 1
-        sample = DeltaTable(lake.uri(eur.tables[0]), storage_options=lake.storage_options)
-        for row in sample.to_pyarrow_table().to_pylist():
-            amount = (row["order_id"] - 3 * ID_BASE) * 0.25 * 0.9
-            assert row["amount_eur"] == pytest.approx(amount)
     finally:
-        worker.stop()
+        first.stop()
+        if second is not None:
+            second.stop()

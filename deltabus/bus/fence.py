@@ -1,18 +1,19 @@
-"""Fencing: at most one ETL writes the unified table, as Kafka fences zombie producers.
+"""Fencing: at most one writer (an ETL, a Pathway link) writes an output table, as Kafka
+fences zombie producers.
 
-Every ETL, on start, claims the unified table by committing a new epoch: an empty commit
-whose app transaction `deltabus-etl-epoch` is one more than the table's current one, with
-the claimant (host, pid, mode, start time) in its commit metadata. It then reads its input
-positions from the snapshot that includes its own claim.
+Every such writer, on start, claims its output table by committing a new epoch: an empty
+commit whose app transaction `deltabus-etl-epoch` is one more than the table's current
+one, with the claimant (writer, host, pid, mode, start time) in its commit metadata. It
+then reads its input positions from the snapshot that includes its own claim.
 
-Why that is enough: the ETL commits with delta-rs' own retries off, so a commit lands
-only as the version right after the snapshot it was built on. An older ETL's commit
-therefore either lands before the claim (and the new ETL's positions include it) or
+Why that is enough: the writer commits with delta-rs' own retries off, so a commit lands
+only as the version right after the snapshot it was built on. An older writer's commit
+therefore either lands before the claim (and the new writer's positions include it) or
 conflicts with it; on every conflict, and whenever the sink swaps in a fresher table
 handle, the writer re-checks the epoch and stops with `FencedError` when it is no longer
 the newest. The Delta log orders claims and commits, so no message can be written twice
-or skipped, whatever the timing. A crashed ETL holds nothing: the next one simply claims
-the next epoch, so a restart is never blocked.
+or skipped, whatever the timing. A crashed writer holds nothing: the next one simply
+claims the next epoch, so a restart is never blocked.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ OWNER_SEARCH_LIMIT = 500  # commits searched for the claim that names an epoch's
 
 
 class FencedError(DeltabusError):
-    """A newer ETL claimed the unified table: this one must stop without writing."""
+    """A newer writer claimed the output table: this one must stop without writing."""
 
 
 def current_epoch(dt: DeltaTable) -> int:
@@ -61,14 +62,14 @@ def describe_owner(owner: dict[str, Any] | None) -> str:
         return "owner unknown"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(owner.get("started", 0)))
     return (
-        f"{owner.get('mode', '?')} ETL, pid {owner.get('pid', '?')} on {owner.get('host', '?')}, "
-        f"started {started} UTC"
+        f"{owner.get('mode', '?')} {owner.get('writer', 'ETL')}, pid {owner.get('pid', '?')} "
+        f"on {owner.get('host', '?')}, started {started} UTC"
     )
 
 
 @dataclass(frozen=True)
 class Lease:
-    """This ETL's claim on the unified table."""
+    """A writer's claim on its output table."""
 
     table: str
     epoch: int
@@ -81,17 +82,21 @@ class Lease:
         if newest == self.epoch:
             return
         owner = epoch_owner(dt, newest)
+        writer = self.owner.get("writer", "ETL")
         raise FencedError(
-            f"another ETL took over {self.table} (epoch {newest}: {describe_owner(owner)}); "
-            f"this ETL (epoch {self.epoch}) stopped without writing its last batch, which "
-            "the newer ETL reads again",
-            "run one ETL per lake: stop the other one, or leave it running and let this one go",
+            f"another {writer} took over {self.table} (epoch {newest}: "
+            f"{describe_owner(owner)}); this {writer} (epoch {self.epoch}) stopped without "
+            f"writing its last batch, which the newer {writer} reads again",
+            f"run one {writer} per output table: stop the other one, or leave it running "
+            "and let this one go",
         )
 
 
-def claim(dt: DeltaTable, table: str, schema: pa.Schema, mode: str) -> Lease:
-    """Claim `dt` (of contract `schema`) with the next epoch; fences every older ETL."""
+def claim(dt: DeltaTable, table: str, schema: pa.Schema, mode: str, writer: str = "ETL") -> Lease:
+    """Claim `dt` (of contract `schema`) with the next epoch for `writer` (how messages
+    name it, e.g. "ETL"); fences every older writer of the table."""
     owner = {
+        "writer": writer,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "mode": mode,
@@ -114,15 +119,16 @@ def claim(dt: DeltaTable, table: str, schema: pa.Schema, mode: str) -> Lease:
         )
         if previous:
             log.info(
-                "claimed %s as ETL epoch %d; an ETL still running as epoch %d (%s) stops at "
-                "its next commit",
+                "claimed %s as %s epoch %d; a writer still running as epoch %d (%s) stops "
+                "at its next commit",
                 table,
+                writer,
                 epoch,
                 previous,
                 describe_owner(epoch_owner(dt, previous)),
             )
         else:
-            log.info("claimed %s as ETL epoch %d", table, epoch)
+            log.info("claimed %s as %s epoch %d", table, writer, epoch)
         return Lease(table=table, epoch=epoch, claimed_version=dt.version(), owner=owner)
 
     return retry_storage(attempt, what=f"claim {table}", also_retry=is_commit_conflict)

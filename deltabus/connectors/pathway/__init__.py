@@ -1,11 +1,15 @@
 """Pathway on deltabus, with no licence key.
 
-`Link` runs a Pathway program from one declared stream to another, exactly once;
-`TableTail` is the input every deltabus Pathway source builds on (the time-zone ETL's
-included): one Delta table tailed, one GET per poll.
+`Link` runs a Pathway program from one declared stream to another, exactly once, fenced.
+For other inputs and outputs: `TableTail` is the input every deltabus Pathway source
+builds on (one Delta table tailed, one GET per poll), and `TableSink` the exactly-once
+output, writing an `Output` that `open_output` created, claimed and read the positions
+of. The time-zone ETL is built on these four.
 """
 
 from deltabus.connectors.pathway.link import Link, StreamBatch
+from deltabus.connectors.pathway.output import Output, open_output
+from deltabus.connectors.pathway.sink import Received, TableSink
 from deltabus.connectors.pathway.tail import TableTail
 
-__all__ = ["Link", "StreamBatch", "TableTail"]
+__all__ = ["Link", "Output", "Received", "StreamBatch", "TableSink", "TableTail", "open_output"]

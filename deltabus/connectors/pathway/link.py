@@ -15,7 +15,9 @@ commit interval the sink commits the rows it got, together with the last source 
 they cover, in one Delta commit of the target's partition table; the reader of a
 restarted program starts after those positions. So every source commit reaches the
 target exactly once, whenever the program dies, as long as each output row comes from
-one input row (a map, a filter): positions travel in the rows. Like the time-zone ETL,
+one input row (a map, a filter): positions travel in the rows. A link claims the
+target's tables when it starts (deltabus.bus.fence): an older program of the same link
+still running stops at its next commit. Like the time-zone ETL,
 this costs the engine one row per commit, not per record
 (docs/adr/0010-one-pathway-row-per-input-version.md).
 """
@@ -29,10 +31,11 @@ import pathway as pw
 import pyarrow as pa
 
 from deltabus.bus.client import Bus
+from deltabus.bus.positions import position_marker
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import Commit, DeltaLogTail
-from deltabus.bus.writers import close_writers, open_writers
-from deltabus.connectors.pathway.sink import Received, TableSink, position_marker
+from deltabus.connectors.pathway.output import Output, open_output
+from deltabus.connectors.pathway.sink import Received, TableSink
 from deltabus.connectors.pathway.tail import TableTail
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
@@ -88,20 +91,39 @@ class Link:
         self.poll_interval_s = poll_interval_s
         self.commit_interval_s = commit_interval_s
         self.stop = threading.Event()
-        self.writers = open_writers(bus.lake, self.target)
-        self.types = self.writers[0].types
+        self._outputs: list[Output] = []
         self.tails: list[_PartitionTail] = []
         self.sinks: list[TableSink] = []
 
     def app_id(self, partition: int) -> str:
         return f"pathway:{self.name}:p{partition}"
 
+    def outputs(self) -> list[Output]:
+        """The target's partition tables, opened and claimed on the first call (an older
+        program of this link stops at its next commit)."""
+        if not self._outputs:
+            target = self.target
+            self._outputs = [
+                open_output(
+                    self.bus.lake,
+                    target.table(p),
+                    target.schema,
+                    app_id=self.app_id(p),
+                    inputs=[self.source.table(p)],
+                    writer=f"Pathway link {self.name}",
+                    properties=target.settings.properties(),
+                    checkpoint_interval=target.settings.checkpoint_interval,
+                )
+                for p in range(target.partitions)
+            ]
+        return self._outputs
+
     def positions(self) -> dict[int, int]:
         """Per partition: the last source version in the target (-1: none)."""
         positions = {}
-        for p, writer in enumerate(self.writers):
+        for p, output in enumerate(self.outputs()):
             marker = position_marker(self.app_id(p), self.source.table(p))
-            last = writer.appender.transaction_version(marker)
+            last = output.appender.transaction_version(marker)
             positions[p] = -1 if last is None else last
         return positions
 
@@ -119,29 +141,24 @@ class Link:
     def write(self, table: pw.Table) -> None:
         """Append `table`'s rows (partition, version, rows in the target's columns) to the
         target's partitions, each commit with the source positions it covers
-        (deltabus.connectors.pathway.sink); rows that do not fit the target stop the
-        program with a `ConfigError`."""
-        positions = self.positions()
-        for p, writer in enumerate(self.writers):
-            source = self.source.table(p)
-            app_id = self.app_id(p)
+        (deltabus.connectors.pathway.sink). A failed commit, rows that do not fit the
+        target, or a newer program of this link stop the reader: `pw.run()` returns and
+        `close()` raises the error."""
+        for p, output in enumerate(self.outputs()):
             sink = TableSink(
-                writer.appender,
-                {source: positions[p]},
+                output,
                 self.commit_interval_s,
-                (writer.appender.transaction_version(app_id) or 0) + 1,
-                app_id=app_id,
-                to_table=self._target_rows,
-                checkpointer=writer.checkpointer,
+                to_table=lambda batches, types=output.types: self._target_rows(batches, types),
                 commit_info=lambda: {"pathway.link": self.name},
+                on_failure=lambda _exc: self.stop.set(),
             )
             batches = table.filter(pw.this.partition == p).select(
-                rows=pw.this.rows, source=source, version=pw.this.version
+                rows=pw.this.rows, source=self.source.table(p), version=pw.this.version
             )
-            pw.io.python.write(batches, sink, name=f"deltabus_{writer.table}")
+            pw.io.python.write(batches, sink, name=f"deltabus_{output.table}")
             self.sinks.append(sink)
 
-    def _target_rows(self, batches: list[Received]) -> pa.Table:
+    def _target_rows(self, batches: list[Received], types: pa.Schema) -> pa.Table:
         """The batches' rows in the target's columns and types; a batch Pathway retracts
         is left out (a map over appended commits retracts nothing it wrote)."""
         schema = self.target.schema
@@ -150,13 +167,13 @@ class Link:
             if sign < 0:
                 continue
             try:
-                tables.append(rows.select(schema.names).cast(schema).cast(self.types))
+                tables.append(rows.select(schema.names).cast(schema).cast(types))
             except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
                 raise ConfigError(
                     f"link {self.name}: rows for {self.target.name} do not fit its schema: {exc}",
                     f"map each batch to the columns {', '.join(schema.names)}",
                 ) from None
-        return pa.concat_tables(tables) if tables else self.types.empty_table()
+        return pa.concat_tables(tables) if tables else types.empty_table()
 
     @property
     def error(self) -> BaseException | None:
@@ -167,8 +184,16 @@ class Link:
         return None
 
     def close(self) -> None:
-        """Stop the target's checkpointers (the sinks stop theirs at the program's end)."""
-        close_writers(self.writers)
+        """Stop the target's checkpointers (the sinks stop theirs at the program's end).
+
+        Raises:
+            DeltabusError: what stopped the link, if anything did (`FencedError`: a newer
+                program of this link took over; a `ConfigError`: rows that did not fit).
+        """
+        for output in self._outputs:
+            output.close()
+        if self.error is not None:
+            raise self.error
 
 
 class _PartitionTail(TableTail):

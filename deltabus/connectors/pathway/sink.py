@@ -22,11 +22,10 @@ from dataclasses import dataclass
 import pathway as pw
 import pyarrow as pa
 
-from deltabus.bus.fence import Lease
+from deltabus.bus.positions import position_marker
+from deltabus.connectors.pathway.output import Output
 from deltabus.core.errors import user_storage_error
 from deltabus.core.retry import retry_storage
-from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.tables import metadata
 
 log = logging.getLogger(__name__)
@@ -52,11 +51,6 @@ LEASE_CHECK_S = 5.0
 Received = tuple[pa.Table, int, int]
 
 
-def position_marker(app_id: str, table: str) -> str:
-    """The app transaction in which sink `app_id` records its position in input `table`."""
-    return f"{app_id}@{table}"
-
-
 @dataclass
 class SinkStats:
     rows: int = 0
@@ -66,48 +60,41 @@ class SinkStats:
 
 
 class TableSink(pw.io.python.ConnectorObserver):
-    """Commits the batches it receives to `appender`'s table about once per
+    """Commits the batches it receives to `output`'s table about once per
     `commit_interval` s, each commit with the input positions it covers.
 
     Args:
-        appender: the output table's appender.
-        positions: per input table, the highest version already in the output (-1: none);
-            recorded in app transaction `position_marker(app_id, table)`.
+        output: the output table, opened (and claimed) by `open_output`; its positions
+            and sequence are where the sink starts, recorded in app transactions
+            `position_marker(app_id, table)` and `app_id`.
         commit_interval: seconds; the sink commits at most about once per interval.
-        next_seq: the sink's next sequence number (app transaction `app_id`).
-        app_id: names the sink: its sequence and its position markers.
         to_table: the output rows of one commit, from its batches (none when the commit
             only moves positions); raising stops the sink before the commit.
-        checkpointer: writes the output's checkpoints.
         commit_info: extra commit metadata, asked for at each commit.
-        lease: fences the sink: a commit after a newer writer's claim raises.
         on_failure: called with the error that stopped the committer thread.
     """
 
     def __init__(
         self,
-        appender: TableAppender,
-        positions: dict[str, int],
+        output: Output,
         commit_interval: float,
-        next_seq: int,
         *,
-        app_id: str,
         to_table: Callable[[list[Received]], pa.Table],
-        checkpointer: BackgroundCheckpointer | None = None,
         commit_info: Callable[[], dict[str, object]] | None = None,
-        lease: Lease | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
+        appender = output.appender
+        positions = output.positions
         self.appender = appender
-        self.app_id = app_id
+        self.app_id = output.app_id
         self.to_table = to_table
-        self.lease = lease
+        self.lease = output.lease
         self.on_failure = on_failure
-        self.checkpointer = checkpointer
+        self.checkpointer = output.checkpointer
         self.commit_info = commit_info
         self.commit_interval = commit_interval
         self.positions = dict(positions)  # highest input version fully delivered
-        self.seq = next_seq
+        self.seq = output.next_seq
         self.stats = SinkStats(version=appender.version())
         # This Pathway time's batches: (rows, time, sign) per version batch.
         self._batches: list[Received] = []

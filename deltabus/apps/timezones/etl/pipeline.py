@@ -19,15 +19,13 @@ from pathlib import Path
 
 import pathway as pw
 
-from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
 from deltabus.apps.timezones.etl.dates import unify_chunk
-from deltabus.apps.timezones.etl.positions import recorded_finished_runs, recorded_positions
+from deltabus.apps.timezones.etl.positions import recorded_finished_runs
 from deltabus.apps.timezones.etl.rejects import RejectsWriter
-from deltabus.apps.timezones.etl.sink import DeltaSinkObserver
+from deltabus.apps.timezones.etl.sink import DeltaSinkObserver, open_unified
 from deltabus.apps.timezones.etl.source import BatchSchema, DeltaTailSubject
 from deltabus.apps.timezones.etl.ticker import CommitTicker, TickGroup
 from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
-from deltabus.bus.fence import claim
 from deltabus.core.errors import ConfigError
 from deltabus.core.gctune import tune_gc_for_streaming
 from deltabus.core.intervals import (
@@ -36,10 +34,7 @@ from deltabus.core.intervals import (
     check_interval,
 )
 from deltabus.core.retry import retry_storage, stop_waiting_on
-from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table
 
 log = logging.getLogger(__name__)
 
@@ -158,17 +153,13 @@ def _partition_flow(
     sources, the transform and the sink to the dataflow."""
     table = layout.unified_of(partition)
     inputs = layout.inputs_of(partition)
-    lake.require_delta_or_absent(table)  # inputs are checked while waiting for them
-    unified = retry_storage(lambda: ensure_table(lake, table, UNIFIED_SCHEMA), what=f"open {table}")
-    # Claim first, then read positions from the snapshot holding the claim: whatever an
-    # older ETL committed before it is included, and anything later it cannot commit.
-    lease = claim(unified, table, UNIFIED_SCHEMA, mode)
-    epochs[table] = lease.epoch
-    positions, seq = retry_storage(
-        lambda: recorded_positions(unified, inputs), what=f"read the positions of {table}"
-    )
+    output = open_unified(lake, table, inputs, mode)
+    if output.lease is not None:
+        epochs[table] = output.lease.epoch
+    positions = output.positions
     finished = retry_storage(
-        lambda: recorded_finished_runs(unified), what=f"read finished producer runs of {table}"
+        lambda: recorded_finished_runs(output.snapshot),
+        what=f"read finished producer runs of {table}",
     )
     log.info(
         "ETL (%s) on %s: %s resumes after input versions %s",
@@ -206,13 +197,9 @@ def _partition_flow(
     ]
     unified_rows = unified_expression(pw.Table.concat_reindex(*streams))
     sink = DeltaSinkObserver(
-        TableAppender(lake, table, unified),
-        positions,
+        output,
         config.commit_interval,
-        seq,
-        BackgroundCheckpointer(lake, table),
         finished_runs=lambda: {s.table: sorted(s.stats.finished_runs) for s in subjects},
-        lease=lease,
         on_failure=lambda _exc: stop.set(),
     )
     pw.io.python.write(unified_rows, sink, name=f"delta_{table}")

@@ -9,11 +9,9 @@ import numpy as np
 import pyarrow as pa
 
 from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA
-from deltabus.apps.timezones.etl.positions import ETL_APP_ID
-from deltabus.bus.fence import Lease
-from deltabus.connectors.pathway.sink import Received, TableSink
-from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
+from deltabus.apps.timezones.etl.positions import ETL_APP_ID, recorded_positions
+from deltabus.connectors.pathway import Output, Received, TableSink, open_output
+from deltabus.delta.lake import Lake
 
 
 def unified_table(batches: list[Received]) -> pa.Table:
@@ -38,30 +36,39 @@ def unified_table(batches: list[Received]) -> pa.Table:
 
 
 class DeltaSinkObserver(TableSink):
-    """Commits the unified stream of one partition (`TableSink`); every commit also
-    records the producer runs its inputs saw finish (`finished_runs`), which a bounded ETL
-    restarted after their log files expired still needs."""
+    """Commits the unified stream of one partition to `output` (`TableSink`); every
+    commit also records the producer runs its inputs saw finish (`finished_runs`), which
+    a bounded ETL restarted after their log files expired still needs."""
 
     def __init__(
         self,
-        appender: TableAppender,
-        positions: dict[str, int],
+        output: Output,
         commit_interval: float,
-        next_seq: int,
-        checkpointer: BackgroundCheckpointer | None = None,
         finished_runs: Callable[[], dict[str, list[str]]] | None = None,
-        lease: Lease | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         super().__init__(
-            appender,
-            positions,
+            output,
             commit_interval,
-            next_seq,
-            app_id=ETL_APP_ID,
             to_table=unified_table,
-            checkpointer=checkpointer,
             commit_info=(lambda: {"etl.finished_runs": finished_runs()}) if finished_runs else None,
-            lease=lease,
             on_failure=on_failure,
         )
+
+
+def open_unified(
+    lake: Lake, table: str, inputs: list[str], mode: str, *, fence: bool = True
+) -> Output:
+    """Unified table `table` opened for the ETL sink `deltabus-etl` copying `inputs`,
+    claimed for an ETL in `mode` (fencing older ETLs of it) unless `fence` is False."""
+    return open_output(
+        lake,
+        table,
+        UNIFIED_SCHEMA,
+        app_id=ETL_APP_ID,
+        inputs=inputs,
+        writer="ETL",
+        mode=mode,
+        fence=fence,
+        positions=lambda snapshot: recorded_positions(snapshot, inputs),
+    )
