@@ -520,3 +520,39 @@ def test_a_second_program_of_a_pathway_link_fences_the_first(minio_lake: Lake) -
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_table_of_the_name_with_other_columns_is_not_declared_over(lake: Lake) -> None:
+    from deltabus.delta.tables import ensure_table
+
+    ensure_table(lake, "clicks", pa.schema([("url", pa.string())]))
+    bus = bus_of(lake)
+    with pytest.raises(deltabus.ConfigError) as refused:
+        bus.create_stream("clicks", ORDERS_SCHEMA)
+    assert "table clicks exists" in refused.value.problem and "url string" in refused.value.problem
+    assert bus.streams() == []
+    assert lake.open("clicks").schema().to_arrow().names == ["url"]
+
+
+def test_the_time_zone_inputs_are_streams_a_consumer_group_reads(minio_lake: Lake) -> None:
+    """The time-zone producer declares its inputs: any consumer group reads them."""
+    from deltabus.apps.timezones.producer import Producer, ProducerConfig
+
+    config = ProducerConfig(rate=20_000, count=3_000, partitions=2, run_id="grp")
+    report = Producer(minio_lake, config).run()
+    assert report.messages == 3_000
+    bus = bus_of(minio_lake)
+    assert bus.streams() == ["timezone1", "timezone2"]
+    assert bus.stream("timezone2").tables == ["timezone2-p0", "timezone2-p1"]
+    got: Counter = Counter()
+    with bus.consumer(["timezone1", "timezone2"], group="audit") as reader:
+        deadline = time.monotonic() + 60
+        while len(got) < 3_000:
+            assert time.monotonic() < deadline, len(got)
+            batch = reader.poll(0.5)
+            if batch is not None:
+                got.update(batch.rows.column("message").to_pylist())
+    assert set(got) == {f"grp-{i}" for i in range(3_000)} and max(got.values()) == 1
+    # A second run of the producer declares nothing new.
+    Producer(minio_lake, ProducerConfig(rate=20_000, count=10, partitions=2)).run()
+    assert bus.stream("timezone1").revision == 0

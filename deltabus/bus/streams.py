@@ -26,12 +26,10 @@ from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table
+from deltabus.delta.tables import delta_columns, ensure_table, show_columns
 
 STREAMS_PREFIX = "_deltabus/streams"
 STREAM_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
-# Names the time-zone pipeline's tables use: a stream may not shadow them.
-RESERVED = frozenset({"timezone1", "timezone2", "timezone_unified", "rejects"})
 # Columns a consumer adds to every batch: a stream may not declare them.
 RESERVED_COLUMNS = frozenset({"diff", "_diff", "_partition", "_version"})
 
@@ -80,11 +78,10 @@ class Stream:
     settings: StreamSettings = StreamSettings()
 
     def __post_init__(self) -> None:
-        if not STREAM_NAME.fullmatch(self.name) or self.name in RESERVED:
+        if not STREAM_NAME.fullmatch(self.name):
             raise ConfigError(
                 f"{self.name!r} is not a usable stream name",
-                "use 1-63 lower-case letters, digits and '_', starting with a letter "
-                f"(not one of {', '.join(sorted(RESERVED))})",
+                "use 1-63 lower-case letters, digits and '_', starting with a letter",
             )
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(
@@ -273,8 +270,27 @@ def written_types(dt: Any, schema: pa.Schema) -> pa.Schema:
 
 
 def _create_tables(lake: Lake, stream: Stream) -> None:
+    """Create the partition tables that are missing; raises ConfigError, before any is
+    created, when a table of the stream's name exists with other columns."""
+    wanted = delta_columns(stream.schema)
     for table in stream.tables:
-        ensure_table(lake, table, stream.schema, stream.settings.properties())
+        if not retry_storage(lambda t=table: lake.exists(t), what=f"look for {table}"):
+            continue
+        found = delta_columns(
+            retry_storage(lambda t=table: lake.open(t), what=f"open {table}").schema()
+        )
+        if found != wanted:
+            raise ConfigError(
+                f"stream {stream.name}: table {table} exists at {lake.uri(table)} with the "
+                f"columns ({show_columns(found)}), not the declared ({show_columns(wanted)}); "
+                "nothing was declared",
+                "declare the stream with the table's columns, or choose another name",
+            )
+    for table in stream.tables:
+        retry_storage(
+            lambda t=table: ensure_table(lake, t, stream.schema, stream.settings.properties()),
+            what=f"create {table}",
+        )
 
 
 def _set_properties(lake: Lake, stream: Stream, settings: StreamSettings) -> None:

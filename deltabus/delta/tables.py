@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.schema import PrimitiveType
 
 from deltabus.delta.lake import Lake
 
@@ -85,6 +86,21 @@ def ensure_table(
             if not lake.exists(table):
                 raise exc
     return lake.open(table)
+
+
+def delta_columns(schema: pa.Schema | Schema) -> list[tuple[str, str]]:
+    """(name, Delta type) per column, e.g. ("message", "string"): how a table stores an
+    Arrow schema (timestamps of any unit are one Delta type), nullability aside."""
+    delta = Schema.from_arrow(schema) if isinstance(schema, pa.Schema) else schema
+    return [
+        (f.name, f.type.type if isinstance(f.type, PrimitiveType) else str(f.type))
+        for f in delta.fields
+    ]
+
+
+def show_columns(columns: list[tuple[str, str]]) -> str:
+    """`name type, ...`: `delta_columns` on one line, for messages."""
+    return ", ".join(f"{name} {kind}" for name, kind in columns)
 
 
 def iter_commits(dt: DeltaTable, limit: int = 200) -> Iterator[dict[str, Any]]:

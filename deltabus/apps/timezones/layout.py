@@ -31,7 +31,8 @@ import numpy as np
 import obstore
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
+import deltabus
+from deltabus.apps.timezones.contracts import INPUT_SCHEMA, INPUT_TABLES, UNIFIED_TABLE
 from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
@@ -133,6 +134,18 @@ def _fnv1a(data: bytes) -> int:
     for b in data:
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return h
+
+
+def declare_inputs(lake: Lake, layout: Layout) -> None:
+    """Declare the input streams with the layout's partition count (idempotent), so that
+    consumer groups, `deltabus streams` and Dagster's `declared_streams` see them.
+
+    Raises:
+        ConfigError: a stream of an input's name is declared otherwise.
+    """
+    bus = deltabus.Bus(lake)
+    for stream in INPUT_TABLES:
+        bus.create_stream(stream, INPUT_SCHEMA, partitions=layout.partitions)
 
 
 def read_layout(lake: Lake) -> Layout:

@@ -23,11 +23,16 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable, Schema
-from deltalake.schema import PrimitiveType
+from deltalake import DeltaTable
 
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, INPUT_TABLES, TABLE_ZONES
-from deltabus.apps.timezones.layout import SINGLE, Layout, ensure_layout, partition_of
+from deltabus.apps.timezones.layout import (
+    SINGLE,
+    Layout,
+    declare_inputs,
+    ensure_layout,
+    partition_of,
+)
 from deltabus.core.errors import ConfigError, StorageError
 from deltabus.core.gctune import tune_gc_for_streaming
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, check_interval
@@ -35,7 +40,14 @@ from deltabus.core.retry import retry_storage
 from deltabus.delta.append import TableAppender
 from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table, find_commit, meta, metadata
+from deltabus.delta.tables import (
+    delta_columns,
+    ensure_table,
+    find_commit,
+    meta,
+    metadata,
+    show_columns,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,18 +182,6 @@ def build_batches(
     return out
 
 
-def _columns(schema: Schema) -> list[tuple[str, str]]:
-    """(name, Delta type) per column, e.g. ("message", "string")."""
-    return [
-        (f.name, f.type.type if isinstance(f.type, PrimitiveType) else str(f.type))
-        for f in schema.fields
-    ]
-
-
-def _show(columns: list[tuple[str, str]]) -> str:
-    return ", ".join(f"{name} {kind}" for name, kind in columns)
-
-
 MAX_IN_FLIGHT = 3  # commits per table queued behind the one being written
 
 
@@ -302,7 +302,7 @@ class Producer:
     def check_schemas(self) -> None:
         """Refuse input tables that exist with another schema than the contract, before
         anything is written to either table (a foreign table must not get half a run)."""
-        expected = _columns(Schema.from_arrow(INPUT_SCHEMA))
+        expected = delta_columns(INPUT_SCHEMA)
         for name in self.layout.input_tables:
             present = retry_storage(
                 lambda n=name: self.lake.settled_delta_or_absent(n), what=f"look for {name}"
@@ -310,11 +310,11 @@ class Producer:
             if not present:
                 continue
             dt = retry_storage(lambda n=name: self.lake.open(n), what=f"open {name}")
-            found = _columns(dt.schema())
+            found = delta_columns(dt.schema())
             if found != expected:
                 raise StorageError(
-                    f"table {name} at {self.lake.uri(name)} has columns ({_show(found)}), "
-                    f"not the input contract ({_show(expected)}); nothing was written",
+                    f"table {name} at {self.lake.uri(name)} has columns ({show_columns(found)}), "
+                    f"not the input contract ({show_columns(expected)}); nothing was written",
                     "point DELTABUS_PREFIX (or --prefix) at a deltabus lake, or move that "
                     "table away",
                 )
@@ -326,6 +326,7 @@ class Producer:
         handed to the commit threads so far (a live display wants it often, a log rarely)."""
         self.layout = ensure_layout(self.lake, self.config.partitions)
         self.check_schemas()
+        declare_inputs(self.lake, self.layout)
         for name in self.layout.input_tables:
             self.pools[name] = ThreadPoolExecutor(max_workers=1)
             self.tables[name] = retry_storage(
