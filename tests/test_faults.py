@@ -242,7 +242,7 @@ def write_rows(lake: Lake, table: str, data: pa.Table, **kwargs) -> None:
 
 def test_bad_input_goes_to_rejects_and_the_stream_goes_on(minio_lake: Lake, tmp_path: Path):
     lake = minio_lake
-    good = build_batches("good", 1, int(time.time() * 1e6), 1000.0, 0, 400)["timezone1"]
+    good = build_batches("good", 1, int(time.time() * 1e6), 1000.0, 0, 400)["timezone1"].rows
     write_rows(lake, "timezone1", good)
     bad = pa.table(
         {
@@ -261,7 +261,7 @@ def test_bad_input_goes_to_rejects_and_the_stream_goes_on(minio_lake: Lake, tmp_
     write_rows(lake, "timezone1", extra, schema_mode="merge")
     # A foreign writer created timezone2 with the wrong type for `date`.
     write_rows(lake, "timezone2", pa.table({"date": [1, 2], "message": ["bad-int-1", "bad-int-2"]}))
-    more = build_batches("late", 1, int(time.time() * 1e6), 1000.0, 0, 300)["timezone1"]
+    more = build_batches("late", 1, int(time.time() * 1e6), 1000.0, 0, 300)["timezone1"].rows
     write_rows(lake, "timezone1", more, schema_mode="merge")
 
     valid = good.num_rows + more.num_rows

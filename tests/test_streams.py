@@ -293,7 +293,7 @@ def test_a_flush_cut_short_between_partitions_is_resent_once(lake: Lake) -> None
     assert len(written) == 4
     for p in written[:2]:
         mask = pc.equal(parts, p)
-        first._commit(p, rows.filter(mask).cast(first.types), 100, 300, len(written))
+        first._commit(p, rows.filter(mask).cast(first.types), 100, 300, len(written), {}, {})
     first._pending, first._pending_keys = [], []  # the process died here
     first.close()
 
@@ -556,3 +556,47 @@ def test_the_time_zone_inputs_are_streams_a_consumer_group_reads(minio_lake: Lak
     # A second run of the producer declares nothing new.
     Producer(minio_lake, ProducerConfig(rate=20_000, count=10, partitions=2)).run()
     assert bus.stream("timezone1").revision == 0
+
+
+def test_a_producer_with_its_own_partitions_metadata_and_marks(lake: Lake) -> None:
+    """What the time-zone producer builds on: rows with the writer's own partitions,
+    commit metadata, marks read back after a restart, and a flush to every partition."""
+    from tests.bus_worker import order
+
+    bus = bus_of(lake)
+    orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
+    rows = pa.Table.from_pylist([order(5, o) for o in range(10)])
+    with bus.producer("orders", "own", commit_interval_ms=0) as producer:
+        for bad in (np.full(10, 4), np.zeros(3, dtype=np.int64)):
+            with pytest.raises(deltabus.RecordError):
+                producer.send_batch(rows, partitions=bad)
+        producer.send_batch(rows, partitions=np.full(10, 1))
+        with pytest.raises(deltabus.ConfigError):
+            producer.flush({"producer.end": 1})
+        assert producer.flush({"batch.note": "rows"}, {"origin": 41}) == 10
+        assert producer.flush({"batch.note": "end"}, {"origin": 42}, everywhere=True) == 10
+    held = [lake.open(t).to_pyarrow_table().num_rows for t in orders.tables]
+    assert held == [0, 10, 0, 0]
+    for table in orders.tables:  # every partition got the last flush
+        newest = lake.open(table).history(1)[0]
+        assert json.loads(newest["deltabus.batch.note"]) == "end"
+    again = bus.producer("orders", "own", commit_interval_ms=0)
+    assert again.committed == 10 and again.mark("origin") == 42 and again.mark("none") is None
+    again.close()
+
+
+def test_a_run_of_the_older_producer_is_not_resumed(lake: Lake) -> None:
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    from deltabus.apps.timezones.contracts import INPUT_SCHEMA
+    from deltabus.apps.timezones.producer import Producer, ProducerConfig
+    from deltabus.delta.tables import ensure_table
+
+    dt = ensure_table(lake, "timezone1", INPUT_SCHEMA)
+    rows = pa.table({"date": ["2026-03-08 07:00:00Z"], "message": ["old-0"]}, schema=INPUT_SCHEMA)
+    marker = CommitProperties(app_transactions=[Transaction("deltabus-producer:old", 0)])
+    write_deltalake(dt, rows, mode="append", commit_properties=marker)
+    with pytest.raises(deltabus.ConfigError, match="run old was written to timezone1"):
+        Producer(lake, ProducerConfig(rate=1000, count=100, run_id="old")).run()
+    assert lake.open("timezone1").to_pyarrow_table().num_rows == 1
+    assert not lake.exists("timezone2")

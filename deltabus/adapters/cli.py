@@ -140,7 +140,10 @@ def produce(
     ] = None,
     run_id: Annotated[
         str | None,
-        typer.Option(help="Run id; rerun with the same id to resume without duplicates."),
+        typer.Option(
+            help="Run id (lower-case letters, digits, '_', '-', '.'); rerun with the same "
+            "id to resume without duplicates."
+        ),
     ] = None,
     partitions: PartitionsOption = None,
     stream: Annotated[

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 STICKY_SPAN = 16_384  # records per partition in turn when records have no key
 DEFAULT_COMMIT_INTERVAL_MS = 100
 PRODUCER_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-.")
+OWN_METADATA = frozenset({"producer.id", "producer.end"})
 
 
 def key_partition(key: object, partitions: int) -> int:
@@ -154,17 +155,27 @@ class Producer:
                 )
         return self._queue(batch, None if key is None else [key])
 
-    def send_batch(self, batch: pa.Table, keys: Iterable[object] | None = None) -> int:
+    def send_batch(
+        self,
+        batch: pa.Table,
+        keys: Iterable[object] | None = None,
+        *,
+        partitions: np.ndarray | None = None,
+    ) -> int:
         """Queue the rows of an Arrow table, in order; returns the first one's offset.
-        `keys` (one per row; else the stream's key column) pick their partitions.
+        `keys` (one per row; else the stream's key column) pick their partitions, or
+        `partitions` gives each row's partition itself (a writer with its own
+        partitioner; it must give a resent row the partition it gave it before).
 
         Raises:
-            RecordError: the rows do not fit the schema, or `keys` has another length;
-                nothing is queued.
+            RecordError: the rows do not fit the schema, `keys` or `partitions` has
+                another length, or a partition is out of range; nothing is queued.
         """
         self._check_columns(batch.column_names)
         schema = self.stream.schema
         table = self._validated(lambda: batch.select(schema.names).cast(schema))
+        if partitions is not None:
+            return self._queue(table, None, self._checked_partitions(partitions, table.num_rows))
         if keys is None and self.stream.key is not None:
             keys = table.column(self.stream.key).to_pylist()
         keyed = None if keys is None else list(keys)
@@ -174,6 +185,17 @@ class Producer:
                 "give one key per row, or none",
             )
         return self._queue(table, keyed)
+
+    def _checked_partitions(self, partitions: np.ndarray, rows: int) -> np.ndarray:
+        parts = np.asarray(partitions, dtype=np.int64)
+        count = self.stream.partitions
+        if parts.shape != (rows,) or (rows and (parts.min() < 0 or parts.max() >= count)):
+            raise RecordError(
+                f"partitions for {rows} rows of stream {self.stream.name} must be {rows} "
+                f"numbers in 0..{count - 1}",
+                "give one partition per row, or keys",
+            )
+        return parts
 
     def _check_columns(self, names: list[str]) -> None:
         schema = self.stream.schema
@@ -213,25 +235,17 @@ class Producer:
             )
         return table
 
-    def _queue(self, table: pa.Table, keys: list[object] | None) -> int:
+    def _queue(
+        self, table: pa.Table, keys: list[object] | None, parts: np.ndarray | None = None
+    ) -> int:
         with self._lock:
             self._raise_failure()
             if self._closed:
                 raise ConfigError(f"the producer of {self.stream.name} is closed")
             first = self.next_offset
             offsets = np.arange(first, first + table.num_rows, dtype=np.int64)
-            if keys is None:
-                spans = offsets // STICKY_SPAN + zlib.crc32(self.producer_id.encode())
-                parts = spans % self.stream.partitions
-            else:
-                if any(k is None for k in keys):
-                    raise RecordError(
-                        f"a record of stream {self.stream.name} has no key",
-                        "give every record a key, or none of them",
-                    )
-                parts = np.array(
-                    [key_partition(k, self.stream.partitions) for k in keys], dtype=np.int64
-                )
+            if parts is None:
+                parts = self._partitions_of(keys, offsets)
             self._pending.append(table)
             self._pending_keys.append(parts)
             self.next_offset += table.num_rows
@@ -239,35 +253,61 @@ class Producer:
                 self._oldest = time.monotonic()
             return first
 
+    def _partitions_of(self, keys: list[object] | None, offsets: np.ndarray) -> np.ndarray:
+        """The partitions of records at `offsets` with `keys` (None: sticky spans)."""
+        if keys is None:
+            spans = offsets // STICKY_SPAN + zlib.crc32(self.producer_id.encode())
+            return spans % self.stream.partitions
+        if any(k is None for k in keys):
+            raise RecordError(
+                f"a record of stream {self.stream.name} has no key",
+                "give every record a key, or none of them",
+            )
+        return np.array([key_partition(k, self.stream.partitions) for k in keys], dtype=np.int64)
+
     # -- committing -------------------------------------------------------------------------
 
-    def flush(self) -> int:
+    def flush(
+        self,
+        metadata: Mapping[str, object] | None = None,
+        marks: Mapping[str, int] | None = None,
+        *,
+        everywhere: bool = False,
+    ) -> int:
         """Commit every queued record; returns `committed`, the offset after the last
         record that is durable.
 
+        Args:
+            metadata: commit metadata of this flush's commits, JSON values under the
+                `deltabus.` prefix (e.g. {"producer.run": "r1"} is `deltabus.producer.run`);
+                the producer's own keys `producer.id` and `producer.end` are taken.
+            marks: integers committed atomically with the records, as app transactions
+                that outlive the log files (read back with `mark`).
+            everywhere: commit to every partition, with no rows where none is queued (a
+                marker that every reader of every partition sees, e.g. the end of a run).
+
         Raises:
+            ConfigError: `metadata` names one of the producer's own keys.
             StorageError: the lake failed past the retry budget; the records stay queued
                 and the producer refuses further sends (reopen it to go on).
         """
+        info = dict(metadata or {})
+        taken = sorted(set(info) & OWN_METADATA)
+        if taken:
+            raise ConfigError(
+                f"commit metadata {', '.join(taken)} is the producer's own", "use other keys"
+            )
         with self._lock:
             self._raise_failure()
-            if not self._pending:
+            if not self._pending and not everywhere:
                 return self.committed
-            rows = pa.concat_tables(self._pending)
-            parts = np.concatenate(self._pending_keys)
+            writes = self._partition_writes(everywhere)
             start, end = self.committed, self.next_offset
-            offsets = np.arange(start, end, dtype=np.int64)
-            writes = []
-            for p in sorted(set(parts.tolist())):
-                mask = parts == p
-                mark = self.marks[p]
-                if mark is not None:  # a resent record this partition holds already
-                    mask &= offsets >= mark.end
-                if mask.any():
-                    writes.append((p, rows.filter(pa.array(mask))))
             try:
                 futures = [
-                    self._pool.submit(self._commit, p, batch, start, end, len(writes))
+                    self._pool.submit(
+                        self._commit, p, batch, start, end, len(writes), info, marks or {}
+                    )
                     for p, batch in writes
                 ]
                 for future in futures:
@@ -281,17 +321,65 @@ class Producer:
             self.committed = end
             return end
 
-    def _commit(self, p: int, batch: pa.Table, start: int, end: int, parts: int) -> None:
+    def _partition_writes(self, everywhere: bool) -> list[tuple[int, pa.Table]]:
+        """(partition, rows) per partition the queued records go to, without those a
+        partition holds already (resent after a restart); every partition if
+        `everywhere`."""
+        rows = pa.concat_tables(self._pending) if self._pending else self.types.empty_table()
+        parts = np.concatenate(self._pending_keys) if self._pending else np.zeros(0, np.int64)
+        offsets = np.arange(self.committed, self.next_offset, dtype=np.int64)
+        writes = []
+        targets = range(self.stream.partitions) if everywhere else np.unique(parts).tolist()
+        for p in targets:
+            mask = parts == p
+            mark = self.marks[p]
+            if mark is not None:  # a resent record this partition holds already
+                mask &= offsets >= mark.end
+            if mask.all() and len(mask):
+                writes.append((p, rows))
+            elif mask.any() or everywhere:
+                writes.append((p, rows.filter(pa.array(mask))))
+        return writes
+
+    def _commit(
+        self,
+        p: int,
+        batch: pa.Table,
+        start: int,
+        end: int,
+        parts: int,
+        info: dict[str, object],
+        marks: Mapping[str, int],
+    ) -> None:
         self.appenders[p].append_once(
             batch,
             app_id=self.app_id,
             seq=end,
-            custom_metadata=metadata(**{"producer.id": self.producer_id, "producer.end": end}),
+            custom_metadata=metadata(
+                **info, **{"producer.id": self.producer_id, "producer.end": end}
+            ),
             what=f"commit to {self.stream.table(p)}",
             checkpointer=self.checkpointers[p],
-            markers={f"{self.app_id}:start": start, f"{self.app_id}:parts": parts},
+            markers={
+                f"{self.app_id}:start": start,
+                f"{self.app_id}:parts": parts,
+                **{f"{self.app_id}:mark:{name}": value for name, value in marks.items()},
+            },
         )
         self.commits += 1
+
+    def mark(self, name: str) -> int | None:
+        """The value of mark `name` that the newest flush recorded (None: never recorded).
+
+        A flush cut short between partitions leaves the newest flush's marks on some
+        partitions, and `committed` before it: record values that are the same in every
+        flush, or that tell where the flush started as well as where it ended.
+        """
+        held = [(m.end, p) for p, m in enumerate(self.marks) if m is not None]
+        if not held:
+            return None
+        _, newest = max(held)
+        return self.appenders[newest].transaction_version(f"{self.app_id}:mark:{name}")
 
     def _flush_when_due(self) -> None:
         while not self._stop.wait(self.interval_s / 4):

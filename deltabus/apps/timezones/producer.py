@@ -2,16 +2,21 @@
 
 Message i is due at start + i/rate whatever happened before; its `date` is that scheduled
 time, so a slow producer shows up as latency, as it would for a user. Every commit
-interval the messages that have come due are written as one Arrow batch per table.
-Each commit carries an idempotency marker (app transaction `deltabus-producer:<run id>`)
-and the next message index, so a restarted producer with the same run id never writes a
-message twice and continues where it stopped.
+interval the messages that have come due are written as one Arrow batch per stream.
+
+Each input stream is written by deltabus' stream producer (`deltabus.Bus.producer`) with
+the run id as producer id, so a restarted run never writes a message twice: it goes on
+from the records each stream has committed, with the start time and commit window the
+run recorded as marks. Messages go to a partition by the layout's partitioner
+(deltabus.apps.timezones.layout), the same on every restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -19,12 +24,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from deltalake import DeltaTable
 
+import deltabus
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, INPUT_TABLES, TABLE_ZONES
 from deltabus.apps.timezones.layout import (
     SINGLE,
@@ -37,21 +43,19 @@ from deltabus.core.errors import ConfigError, StorageError
 from deltabus.core.gctune import tune_gc_for_streaming
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, check_interval
 from deltabus.core.retry import retry_storage
-from deltabus.delta.append import TableAppender
-from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import (
     delta_columns,
-    ensure_table,
-    find_commit,
-    meta,
-    metadata,
     show_columns,
 )
 
 log = logging.getLogger(__name__)
 
 DATE_FORMAT_POLARS = "%Y-%m-%d %H:%M:%S%.6f %z"  # == %Y-%m-%d %H:%M:%S.%f %z in Python
+# The run id is the input streams' producer id: deltabus.Bus.producer's alphabet.
+RUN_ID = re.compile(r"[a-z0-9_.-]+")
+# How a run was marked before the inputs were streams (such a run is not resumed).
+OLD_APP_ID = "deltabus-producer:{}"
 
 
 @dataclass(frozen=True)
@@ -78,18 +82,17 @@ class ProducerConfig:
         if self.count is not None and self.count < 0:
             raise ConfigError(f"count must be >= 0, got {self.count}")
         check_interval(self.commit_interval, "commit interval")
-        if not self.run_id or any(c in self.run_id for c in "/: "):
-            raise ConfigError(f"run id must be a non-empty word, got {self.run_id!r}")
+        if not RUN_ID.fullmatch(self.run_id):
+            raise ConfigError(
+                f"run id {self.run_id!r} is not usable",
+                "use lower-case letters, digits, '_', '-' and '.'",
+            )
 
     @property
     def total(self) -> int:
         if self.count is not None:
             return self.count
         return int(round(self.duration * self.rate))  # type: ignore[operator]
-
-    @property
-    def app_id(self) -> str:
-        return f"deltabus-producer:{self.run_id}"
 
     @property
     def window(self) -> int:
@@ -134,6 +137,13 @@ def table_choice(seed: int, index: np.ndarray) -> np.ndarray:
     return (z & np.uint64(1)).astype(np.int8)
 
 
+class StreamBatch(NamedTuple):
+    """One window's messages of one input stream, and the partition of each."""
+
+    rows: pa.Table
+    partitions: np.ndarray
+
+
 def build_batches(
     run_id: str,
     seed: int,
@@ -144,14 +154,13 @@ def build_batches(
     skip_below: dict[str, int] | None = None,
     layout: Layout = SINGLE,
     window: int = 1,
-) -> dict[str, pa.Table]:
-    """Messages [lo, hi) as one Arrow table per input table (vectorised, no row loop):
+) -> dict[str, StreamBatch]:
+    """Messages [lo, hi) as one Arrow table per input stream (vectorised, no row loop):
     a seeded choice of time zone, then the partition of the message id (its number and
     the run's commit `window`, deltabus.apps.timezones.layout).
 
-    `skip_below[table]` drops that table's messages with a smaller index: they were
-    committed before a restart. Dates and ids are formatted once per stream and then
-    split by partition, so a window costs the same whatever the partition count.
+    `skip_below[stream]` drops that stream's messages with a smaller index: they were
+    committed before a restart.
     """
     index = np.arange(lo, hi, dtype=np.int64)
     due_us = start_us + np.round(index * (1_000_000.0 / rate)).astype(np.int64)
@@ -160,10 +169,9 @@ def build_batches(
     floors = skip_below or {}
     out = {}
     for n, stream in enumerate(INPUT_TABLES):
-        mine = choice == n
-        ids, parts = index[mine], part[mine]
+        mine = (choice == n) & (index >= floors.get(stream, 0))
         rows = (
-            pl.DataFrame({"due": due_us[mine], "i": ids})
+            pl.DataFrame({"due": due_us[mine], "i": index[mine]})
             .select(
                 date=pl.col("due")
                 .cast(pl.Datetime("us", "UTC"))
@@ -174,12 +182,22 @@ def build_batches(
             .to_arrow()
             .cast(INPUT_SCHEMA)
         )
-        for p, table in enumerate(layout.inputs(stream)):
-            keep = ids >= floors.get(table, 0)
-            if layout.partitions > 1:
-                keep &= parts == p
-            out[table] = rows if keep.all() else rows.filter(pa.array(keep))
+        out[stream] = StreamBatch(rows, part[mine])
     return out
+
+
+def message_index(seed: int, stream: int, count: int, total: int, chunk: int = 1 << 22) -> int:
+    """The number of message `count` (from 0) of input `stream` (0 or 1) in a run of
+    `total` messages, or `total` when the run has no more of them: where a resumed run
+    goes on in a stream that has committed `count` records."""
+    seen = 0
+    for lo in range(0, total, chunk):
+        index = np.arange(lo, min(total, lo + chunk), dtype=np.int64)
+        mine = index[table_choice(seed, index) == stream]
+        if seen + len(mine) > count:
+            return int(mine[count - seen])
+        seen += len(mine)
+    return total
 
 
 MAX_IN_FLIGHT = 3  # commits per table queued behind the one being written
@@ -189,19 +207,18 @@ class _Progress:
     """Counts commits as they complete (on the commit threads) and the lag behind schedule."""
 
     def __init__(self, tables: list[str]) -> None:
-        self.commits = 0
         self.written = dict.fromkeys(tables, 0)
         self.lag = 0.0
         self.max_lag = 0.0
         self._lock = threading.Lock()
 
-    def committed(self, name: str, rows: int, due: float) -> Callable[[Future], None]:
+    def committed(self, rows: dict[str, int], due: float) -> Callable[[Future], None]:
         def done(job: Future) -> None:
             if job.exception() is not None:
                 return
             with self._lock:
-                self.commits += 1
-                self.written[name] += rows
+                for table, n in rows.items():
+                    self.written[table] += n
                 self.lag = max(0.0, time.time() - due)
                 self.max_lag = max(self.max_lag, self.lag)
 
@@ -209,41 +226,31 @@ class _Progress:
 
 
 class Producer:
-    """Writes the input tables (both streams, every partition) for one run id."""
+    """Writes the input streams (every partition) for one run id."""
 
     def __init__(self, lake: Lake, config: ProducerConfig) -> None:
         self.lake = lake
         self.config = config
         self.layout = Layout(config.partitions or 1)  # the lake's, once `run` reads it
-        self.tables: dict[str, DeltaTable] = {}
-        self.appenders: dict[str, TableAppender] = {}
+        self.producers: dict[str, deltabus.Producer] = {}
         self.pools: dict[str, ThreadPoolExecutor] = {}
-        self.checkpointers: dict[str, BackgroundCheckpointer] = {}
         self._failed = threading.Event()
 
-    def _resume_state(self) -> tuple[dict[str, int], dict[str, int], int | None]:
-        """Per table: next message index and next commit sequence; the run's start time."""
-        next_index, next_seq, start_us = {}, {}, None
-        for name, dt in self.tables.items():
-            seq = dt.transaction_version(self.config.app_id)
-            if seq is None:
-                next_index[name], next_seq[name] = 0, 0
+    def _resume_state(self) -> tuple[dict[str, int], int | None]:
+        """Per stream: the number of its next message to write; the run's start time
+        (None: a new run)."""
+        cfg = self.config
+        next_index, start_us = {}, None
+        for n, stream in enumerate(INPUT_TABLES):
+            producer = self.producers[stream]
+            start = producer.mark("start_us")
+            if start is None:
+                next_index[stream] = 0
                 continue
-            next_seq[name] = seq + 1
-            self._check_window(name, dt.transaction_version(f"{self.config.app_id}:window"))
-            index = dt.transaction_version(f"{self.config.app_id}:next_index")
-            start = dt.transaction_version(f"{self.config.app_id}:start_us")
-            if index is not None and start is not None:
-                next_index[name], start_us = index, start
-                continue
-            info = find_commit(
-                dt, lambda c: meta(c, "producer.run_id") == self.config.run_id, limit=500
-            )
-            if info is None:  # marker without metadata: cannot happen for our commits
-                raise ConfigError(f"table {name} has run {self.config.run_id} but no metadata")
-            next_index[name] = int(meta(info, "producer.next_index"))
-            start_us = int(meta(info, "producer.start_us"))
-        return next_index, next_seq, start_us
+            self._check_window(stream, producer.mark("window"))
+            start_us = start
+            next_index[stream] = message_index(cfg.seed, n, producer.committed, cfg.total)
+        return next_index, start_us
 
     def _check_window(self, name: str, recorded: int | None) -> None:
         """A resumed partitioned run keeps its commit window: the partition of every
@@ -259,45 +266,36 @@ class Producer:
             "run id",
         )
 
-    def _commit(
-        self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
-    ) -> None:
-        # Commits queued behind a failed one must not land: the log would then claim
+    def _commit(self, stream: str, batch: StreamBatch, hi: int, start_us: int, last: bool) -> None:
+        # Commits queued behind a failed one must not land: the stream would then hold
         # messages up to `hi` while an earlier window is missing.
         if self._failed.is_set():
-            raise RuntimeError(f"not committing {name} #{seq}: an earlier commit failed")
+            raise RuntimeError(f"not committing {stream} up to {hi}: an earlier commit failed")
+        cfg = self.config
+        producer = self.producers[stream]
         try:
-            self._append(name, batch, seq, hi, start_us, last)
+            if batch.rows.num_rows:
+                producer.send_batch(batch.rows, partitions=batch.partitions)
+            producer.flush(
+                {
+                    "producer.run_id": cfg.run_id,
+                    "producer.next_index": hi,
+                    "producer.start_us": start_us,
+                    "producer.rate": cfg.rate,
+                    "producer.finished": last,
+                    "producer.total": cfg.total,
+                },
+                {"start_us": start_us, "window": cfg.window},
+                everywhere=last,  # every partition's readers see the run finish
+            )
         except BaseException:
             self._failed.set()
             raise
 
-    def _append(
-        self, name: str, batch: pa.Table, seq: int, hi: int, start_us: int, last: bool
-    ) -> None:
-        self.appenders[name].append_once(
-            batch,
-            app_id=self.config.app_id,
-            seq=seq,
-            custom_metadata=metadata(
-                **{
-                    "producer.run_id": self.config.run_id,
-                    "producer.seq": seq,
-                    "producer.next_index": hi,
-                    "producer.start_us": start_us,
-                    "producer.rate": self.config.rate,
-                    "producer.finished": last,
-                    "producer.total": self.config.total,
-                }
-            ),
-            what=f"commit to {name}",
-            checkpointer=self.checkpointers.get(name),
-            markers={
-                f"{self.config.app_id}:next_index": hi,
-                f"{self.config.app_id}:start_us": start_us,
-                f"{self.config.app_id}:window": self.config.window,
-            },
-        )
+    def _per_table(self, stream: str, batch: StreamBatch) -> dict[str, int]:
+        """How many of `batch`'s rows go to each partition table of `stream`."""
+        counts = np.bincount(batch.partitions, minlength=self.layout.partitions)
+        return dict(zip(self.layout.inputs(stream), counts.tolist(), strict=True))
 
     def check_schemas(self) -> None:
         """Refuse input tables that exist with another schema than the contract, before
@@ -310,6 +308,12 @@ class Producer:
             if not present:
                 continue
             dt = retry_storage(lambda n=name: self.lake.open(n), what=f"open {name}")
+            if dt.transaction_version(OLD_APP_ID.format(self.config.run_id)) is not None:
+                raise ConfigError(
+                    f"run {self.config.run_id} was written to {name} by an older deltabus, "
+                    "whose runs this one cannot resume; nothing was written",
+                    "start a new run id",
+                )
             found = delta_columns(dt.schema())
             if found != expected:
                 raise StorageError(
@@ -327,27 +331,39 @@ class Producer:
         self.layout = ensure_layout(self.lake, self.config.partitions)
         self.check_schemas()
         declare_inputs(self.lake, self.layout)
-        for name in self.layout.input_tables:
-            self.pools[name] = ThreadPoolExecutor(max_workers=1)
-            self.tables[name] = retry_storage(
-                lambda n=name: ensure_table(self.lake, n, INPUT_SCHEMA), what=f"open {name}"
-            )
-            self.checkpointers[name] = BackgroundCheckpointer(self.lake, name)
-            self.appenders[name] = TableAppender(self.lake, name, self.tables[name])
+        bus = deltabus.Bus(self.lake)
         try:
-            return self._run(on_progress, progress_every_s)
-        finally:
-            for checkpointer in self.checkpointers.values():
-                checkpointer.close()
+            for stream in INPUT_TABLES:
+                self.producers[stream] = bus.producer(
+                    stream, self.config.run_id, commit_interval_ms=0
+                )
+                self.pools[stream] = ThreadPoolExecutor(max_workers=1)
+            report = self._run(on_progress, progress_every_s)
+        except BaseException:
+            self._close(failed=True)
+            raise
+        self._close(failed=False)
+        return report
+
+    def _close(self, failed: bool) -> None:
+        """Stop the commit threads and the stream producers; after a failure, an error
+        in closing is not raised over the failure's."""
+        for pool in self.pools.values():
+            pool.shutdown(wait=True)
+        for producer in self.producers.values():
+            if not failed:
+                producer.close()
+                continue
+            with contextlib.suppress(Exception):
+                producer.close()
 
     def _run(
         self, on_progress: Callable[[dict], None] | None, progress_every_s: float
     ) -> ProducerReport:
         cfg = self.config
-        next_index, next_seq, start_us = self._resume_state()
+        next_index, start_us = self._resume_state()
         tune_gc_for_streaming()
         resumed_from = min(next_index.values())
-        finished = all(i >= cfg.total for i in next_index.values()) and resumed_from > 0
         wall_start = time.time()
         if start_us is None:
             start_us = cfg.start_us or int(wall_start * 1_000_000)
@@ -355,11 +371,11 @@ class Producer:
         if resumed_from:
             log.info("run %s resumes at message %d of %d", cfg.run_id, resumed_from, cfg.total)
         lo = resumed_from
-        tables = self.layout.input_tables
-        stats = _Progress(tables)
+        stats = _Progress(self.layout.input_tables)
         last_progress = time.monotonic()
         per_window = cfg.window
-        in_flight: dict[str, deque[Future]] = {name: deque() for name in tables}
+        in_flight: dict[str, deque[Future]] = {name: deque() for name in INPUT_TABLES}
+        finished = False  # a finished run resumed marks every partition finished again
         while not finished:
             # The next window closes when its last message comes due (open loop).
             window = lo // per_window + 1
@@ -384,21 +400,17 @@ class Producer:
                 window=per_window,
             )
             window_due = start + hi / cfg.rate
-            for name in tables:
-                batch = batches[name]
-                if next_index[name] >= hi and not last:
-                    continue  # committed before a restart
-                if batch.num_rows == 0 and not last:
-                    continue
-                queue = in_flight[name]
-                # Commits of a table run in order on its own thread while the next window
+            for stream in INPUT_TABLES:
+                batch = batches[stream]
+                if batch.rows.num_rows == 0 and not last:
+                    continue  # none of its messages in this window, or committed before
+                queue = in_flight[stream]
+                # Commits of a stream run in order on its own thread while the next window
                 # is built; more than MAX_IN_FLIGHT waiting means storage is the bottleneck.
                 while queue and (queue[0].done() or len(queue) >= MAX_IN_FLIGHT):
                     queue.popleft().result()
-                seq = next_seq[name]
-                next_seq[name] += 1
-                job = self.pools[name].submit(self._commit, name, batch, seq, hi, start_us, last)
-                job.add_done_callback(stats.committed(name, batch.num_rows, window_due))
+                job = self.pools[stream].submit(self._commit, stream, batch, hi, start_us, last)
+                job.add_done_callback(stats.committed(self._per_table(stream, batch), window_due))
                 queue.append(job)
             lo = hi
             finished = last
@@ -408,7 +420,8 @@ class Producer:
         for queue in in_flight.values():
             while queue:
                 queue.popleft().result()
-        commits, written = stats.commits, stats.written
+        commits = sum(p.commits for p in self.producers.values())
+        written = stats.written
         max_lag, final_lag = stats.max_lag, stats.lag
         elapsed = time.time() - wall_start
         sent = sum(written.values())
