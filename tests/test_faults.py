@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+import deltabus
 from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, PIPELINE_TABLES
 from deltabus.apps.timezones.producer import Producer, ProducerConfig, build_batches
@@ -301,6 +302,16 @@ def test_bad_input_goes_to_rejects_and_the_stream_goes_on(minio_lake: Lake, tmp_
     }
     assert rejects.height == 7
     assert all('"date"' in raw for raw in rejects["raw"])  # the raw row is kept whole
+    # Rejects are a stream: a consumer group reads them as dead letters.
+    with deltabus.Bus(lake).consumer("rejects", group="dead-letters") as reader:
+        letters = []
+        deadline = time.monotonic() + 30
+        while len(letters) < 7:
+            assert time.monotonic() < deadline, letters
+            batch = reader.poll(0.5)
+            if batch is not None:
+                letters += batch.rows.column("raw").to_pylist()
+    assert sorted(letters) == sorted(rejects["raw"].to_list())
 
     # A restart re-reads nothing twice: rejects and unified stay as they are.
     again = etl_process(env, tmp_path, "--mode", "continuous", "--ready-file", str(tmp_path / "r2"))
@@ -439,3 +450,32 @@ def test_etl_stopped_during_an_outage_exits_promptly_and_loses_nothing(
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     verdict = duckdb_exactly_once(lake)
     assert verdict["unified"] == 6_000
+
+
+def test_rejects_written_again_after_a_restart_are_kept_once(local_lake: Lake) -> None:
+    """An ETL that dies after committing rejects but before the unified commit reads
+    the same input versions again: their rejects are not kept twice."""
+    from deltabus.apps.timezones.etl.rejects import RejectsWriter
+
+    def bad(versions: list[int]) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "date": ["x"] * len(versions),
+                "message": [f"bad-{v}" for v in versions],
+                "raw": ["{}"] * len(versions),
+                "source_version": versions,
+                "reason": ["malformed date"] * len(versions),
+            }
+        )
+
+    first = RejectsWriter(local_lake)
+    assert first.write("timezone1", bad([3, 4])) == 2
+    assert first.write("timezone2", bad([3])) == 1
+    first.close()
+    again = RejectsWriter(local_lake)  # a restarted ETL
+    assert again.write("timezone1", bad([3, 4])) == 0
+    assert again.write("timezone1", bad([4, 5])) == 1
+    assert again.write("timezone2", bad([3, 4])) == 1
+    again.close()
+    kept = read_table(local_lake, "rejects")
+    assert sorted(kept["message"].to_list()) == ["bad-3", "bad-3", "bad-4", "bad-4", "bad-5"]

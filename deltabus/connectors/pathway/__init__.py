@@ -4,12 +4,24 @@
 For other inputs and outputs: `TableTail` is the input every deltabus Pathway source
 builds on (one Delta table tailed, one GET per poll), and `TableSink` the exactly-once
 output, writing an `Output` that `open_output` created, claimed and read the positions
-of. The time-zone ETL is built on these four.
+of. `TableTail.emit` gets the table's `DeltaLogTail` and its new `Commit`s. The time-zone
+ETL is built on these.
 """
 
+from deltabus.bus.tail import Commit, DeltaLogTail
 from deltabus.connectors.pathway.link import Link, StreamBatch
 from deltabus.connectors.pathway.output import Output, open_output
 from deltabus.connectors.pathway.sink import Received, TableSink
 from deltabus.connectors.pathway.tail import TableTail
 
-__all__ = ["Link", "Output", "Received", "StreamBatch", "TableSink", "TableTail", "open_output"]
+__all__ = [
+    "Commit",
+    "DeltaLogTail",
+    "Link",
+    "Output",
+    "Received",
+    "StreamBatch",
+    "TableSink",
+    "TableTail",
+    "open_output",
+]

@@ -276,6 +276,7 @@ def run_etl(
     finally:
         connectors_log.removeFilter(not_echoed)
         ticker.close()
+        rejects.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     for sink in sinks:

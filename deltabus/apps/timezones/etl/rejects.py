@@ -1,8 +1,9 @@
-"""The rejects table: rows the ETL cannot parse, with source and reason; the stream goes on.
+"""The rejects stream: rows the ETL cannot parse, with source and reason; the stream goes on.
 
-Writes are idempotent per input table: each commit records the highest input version it
-covers (app transaction `deltabus-etl-rejects:<table>`), so re-reading inputs after a
-restart never rejects a row twice.
+`rejects` is a declared stream (a dead-letter stream any consumer group can read),
+written by one stream producer per input table. Each flush records, as the mark
+`source_version`, the highest input version whose rejects it holds, so re-reading inputs
+after a restart never rejects a row twice.
 """
 
 from __future__ import annotations
@@ -13,33 +14,49 @@ import time
 
 import polars as pl
 
+import deltabus
 from deltabus.apps.timezones.contracts import REJECTS_SCHEMA, REJECTS_TABLE
-from deltabus.core.retry import retry_storage
-from deltabus.delta.append import append_once
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import ensure_table, metadata
 
 log = logging.getLogger(__name__)
 
+MARK = "source_version"
+# How rejects were marked before they were a stream, per input table.
+OLD_APP_ID = "deltabus-etl-rejects:{}"
+
 
 class RejectsWriter:
+    """Appends rejected rows to the `rejects` stream, declaring it on first use."""
+
     def __init__(self, lake: Lake) -> None:
         self.lake = lake
+        self.bus = deltabus.Bus(lake)
         self._lock = threading.Lock()
-        self._dt = None
+        self._producers: dict[str, deltabus.Producer] = {}
+        self._done: dict[str, int | None] = {}  # per input table: its highest version kept
+
+    def _open(self, source_table: str) -> deltabus.Producer:
+        producer = self._producers.get(source_table)
+        if producer is None:
+            if not self._producers:
+                self.bus.create_stream(REJECTS_TABLE, REJECTS_SCHEMA)
+            producer = self.bus.producer(
+                REJECTS_TABLE, f"etl-rejects.{source_table}", commit_interval_ms=0
+            )
+            self._producers[source_table] = producer
+            done = producer.mark(MARK)
+            if done is None:  # rejects kept before they were a stream
+                done = self.lake.open(REJECTS_TABLE).transaction_version(
+                    OLD_APP_ID.format(source_table)
+                )
+            self._done[source_table] = done
+        return producer
 
     def write(self, source_table: str, bad: pl.DataFrame) -> int:
         """Append rejects from `source_table`; returns how many rows were new."""
-        app_id = f"deltabus-etl-rejects:{source_table}"
         with self._lock:
-            if self._dt is None:
-                self._dt = retry_storage(
-                    lambda: ensure_table(self.lake, REJECTS_TABLE, REJECTS_SCHEMA),
-                    what="open rejects",
-                )
-            dt = self._dt
-            retry_storage(dt.update_incremental, what="refresh rejects")
-            done = dt.transaction_version(app_id)  # rejects of these versions already kept
+            producer = self._open(source_table)
+            done = self._done[source_table]
             if done is not None:
                 bad = bad.filter(pl.col("source_version") > done)
             if bad.height == 0:
@@ -52,14 +69,9 @@ class RejectsWriter:
                 .to_arrow()
                 .cast(REJECTS_SCHEMA)
             )
-            append_once(
-                dt,
-                table,
-                app_id=app_id,
-                seq=top,
-                custom_metadata=metadata(**{"etl.rejects_from": source_table}),
-                what="commit rejects",
-            )
+            producer.send_batch(table)
+            producer.flush({"etl.rejects_from": source_table}, {MARK: top})
+            self._done[source_table] = top
             log.warning(
                 "rejected %d row(s) from %s (first reason: %s)",
                 table.num_rows,
@@ -67,3 +79,14 @@ class RejectsWriter:
                 bad["reason"][0],
             )
             return table.num_rows
+
+    def close(self) -> None:
+        """Close the producers. Nothing is queued between writes: a write that failed
+        raised already, so closing logs rather than raises."""
+        with self._lock:
+            for producer in self._producers.values():
+                try:
+                    producer.close()
+                except Exception as exc:  # noqa: BLE001 - raised by the write that failed
+                    log.debug("closing a rejects producer: %s", exc)
+            self._producers.clear()

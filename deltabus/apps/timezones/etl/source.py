@@ -25,8 +25,7 @@ import pyarrow.compute as pc
 
 from deltabus.apps.timezones.etl.rejects import RejectsWriter
 from deltabus.apps.timezones.etl.validate import producer_rows, split_rows, split_valid
-from deltabus.bus.tail import Commit, DeltaLogTail
-from deltabus.connectors.pathway import TableTail
+from deltabus.connectors.pathway import Commit, DeltaLogTail, TableTail
 from deltabus.core.errors import DeltabusError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
