@@ -8,6 +8,11 @@ The public API: `connect()` a lake, declare streams on it, produce and consume t
         producer.send({"order_id": 1, ...})
     with bus.consumer("orders", group="billing") as consumer:
         for batch in consumer: ...
+
+Public besides the names below: `deltabus.connectors.pathway` (Pathway, no licence key),
+`deltabus.delta.lake` (the `Lake` handle), `deltabus.delta.tables` (creating tables with
+deltabus' properties, reading commit metadata) and `deltabus.core` (errors, settings,
+storage retries). The time-zone application uses nothing else (checked by `make lint`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ __all__ = [
     "ConfigError",
     "Consumer",
     "DeltabusError",
+    "FencedError",
+    "Lake",
+    "MAX_PARTITIONS",
     "Producer",
     "RecordError",
     "StorageError",
@@ -31,6 +39,7 @@ __all__ = [
     "StreamSettings",
     "Transform",
     "connect",
+    "partition_table",
 ]
 
 # Imported on first use, so that `import deltabus` stays light for the CLI.
@@ -40,6 +49,9 @@ _HOMES = {
     "ConfigError": "deltabus.core.errors",
     "Consumer": "deltabus.bus.consumer",
     "DeltabusError": "deltabus.core.errors",
+    "FencedError": "deltabus.bus.fence",
+    "Lake": "deltabus.delta.lake",
+    "MAX_PARTITIONS": "deltabus.bus.partitions",
     "Producer": "deltabus.bus.producer",
     "RecordError": "deltabus.bus.producer",
     "StorageError": "deltabus.core.errors",
@@ -48,15 +60,19 @@ _HOMES = {
     "StreamSettings": "deltabus.bus.streams",
     "Transform": "deltabus.bus.transform",
     "connect": "deltabus.bus.client",
+    "partition_table": "deltabus.bus.partitions",
 }
 
 if TYPE_CHECKING:
     from deltabus.bus.client import Bus, connect
     from deltabus.bus.consumer import Batch, Consumer
+    from deltabus.bus.fence import FencedError
+    from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
     from deltabus.bus.producer import Producer, RecordError
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform
     from deltabus.core.errors import ConfigError, DeltabusError, StorageError
+    from deltabus.delta.lake import Lake
 
 
 def __getattr__(name: str) -> Any:

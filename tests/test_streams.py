@@ -509,6 +509,10 @@ def test_a_second_program_of_a_pathway_link_fences_the_first(minio_lake: Lake) -
         assert first.process.wait(30) == 2
         assert fenced["error"] == "FencedError"
         assert "another Pathway link eur-pw took over orders_eur" in fenced["problem"]
+        holder = bus_of(lake).output_holder(eur.tables[0])
+        assert holder is not None and holder["owner"]["pid"] == second.process.pid
+        assert holder["described"].startswith("continuous Pathway link eur-pw, pid")
+        assert bus_of(lake).output_holder("no_such_table") is None
         assert done.wait(120)
         expected = {3 * ID_BASE + o for o in range(2000)}
         deadline = time.monotonic() + 90

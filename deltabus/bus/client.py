@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 
 from deltabus.bus.consumer import Consumer
+from deltabus.bus.fence import describe_owner, lease_holder
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
 from deltabus.bus.producer import DEFAULT_COMMIT_INTERVAL_MS, Producer
 from deltabus.bus.streams import (
@@ -151,6 +152,21 @@ class Bus:
         return Transform(
             self.lake, name, [self.stream(n) for n in names], self.stream(output), partition, fn
         )
+
+    def output_holder(self, table: str) -> dict[str, Any] | None:
+        """Who holds fenced output `table` (an ETL, a Pathway link), or None when no
+        writer ever claimed it (or the table does not exist).
+
+        Returns:
+            `{"epoch", "owner": {writer, host, pid, mode, started} or None, "alive": True,
+            False or None (on another host: unknown), "described": one line}`.
+        """
+        if not self.lake.exists(table):
+            return None
+        holder = lease_holder(self.lake.open(table))
+        if holder is not None:
+            holder["described"] = describe_owner(holder["owner"])
+        return holder
 
     def groups(self) -> list[str]:
         """The consumer groups that have members or positions in the lake, sorted."""

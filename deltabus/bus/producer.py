@@ -324,20 +324,23 @@ class Producer:
     def _partition_writes(self, everywhere: bool) -> list[tuple[int, pa.Table]]:
         """(partition, rows) per partition the queued records go to, without those a
         partition holds already (resent after a restart); every partition if
-        `everywhere`."""
+        `everywhere`. Records that all go to one partition are not copied."""
         rows = pa.concat_tables(self._pending) if self._pending else self.types.empty_table()
         parts = np.concatenate(self._pending_keys) if self._pending else np.zeros(0, np.int64)
-        offsets = np.arange(self.committed, self.next_offset, dtype=np.int64)
+        counts = np.bincount(parts, minlength=self.stream.partitions)
+        targets = range(self.stream.partitions) if everywhere else np.flatnonzero(counts).tolist()
         writes = []
-        targets = range(self.stream.partitions) if everywhere else np.unique(parts).tolist()
         for p in targets:
-            mask = parts == p
             mark = self.marks[p]
-            if mark is not None:  # a resent record this partition holds already
-                mask &= offsets >= mark.end
-            if mask.all() and len(mask):
+            resent = mark is not None and mark.end > self.committed  # holds some of them
+            if counts[p] == len(parts) and len(parts) and not resent:
                 writes.append((p, rows))
-            elif mask.any() or everywhere:
+                continue
+            mask = parts == p
+            if resent:
+                offsets = np.arange(self.committed, self.next_offset, dtype=np.int64)
+                mask &= offsets >= mark.end
+            if mask.any() or everywhere:
                 writes.append((p, rows.filter(pa.array(mask))))
         return writes
 

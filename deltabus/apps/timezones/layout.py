@@ -32,8 +32,8 @@ import obstore
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 import deltabus
+from deltabus import MAX_PARTITIONS, partition_table
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, INPUT_TABLES, UNIFIED_TABLE
-from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake

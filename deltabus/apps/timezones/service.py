@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import deltabus
 from deltabus.apps.timezones.layout import read_layout
 from deltabus.core.processes import apply_process_defaults, etl_command, stop_pid
 from deltabus.core.processes import process_alive as alive
@@ -289,19 +290,16 @@ def other_live_etl(lake: Lake, service_pids: int | Sequence[int | None] | None) 
     The service's sensor relaunches a dead service, but not when another ETL fenced it
     and still runs (on another host, whether it runs cannot be told: assume it does).
     """
-    from deltabus.bus.fence import describe_owner, lease_holder
-
+    bus = deltabus.Bus(lake)
     ours = {service_pids} if isinstance(service_pids, int) else set(service_pids or ())
     for table in read_layout(lake).unified_tables:
-        if not lake.exists(table):
-            continue
-        holder = lease_holder(lake.open(table))
+        holder = bus.output_holder(table)
         if holder is None or holder["alive"] is False:
             continue
         owner = holder["owner"] or {}
         if owner.get("pid") in ours and owner.get("host") == socket.gethostname():
             continue  # the service's own epoch: it died, relaunch it
-        return f"{table} epoch {holder['epoch']}: {describe_owner(holder['owner'])}"
+        return f"{table} epoch {holder['epoch']}: {holder['described']}"
     return None
 
 

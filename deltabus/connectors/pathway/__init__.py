@@ -4,7 +4,8 @@
 For other inputs and outputs: `TableTail` is the input every deltabus Pathway source
 builds on (one Delta table tailed, one GET per poll), and `TableSink` the exactly-once
 output, writing an `Output` that `open_output` created, claimed and read the positions
-of. `TableTail.emit` gets the table's `DeltaLogTail` and its new `Commit`s. The time-zone
+of. `TableTail.emit` gets the table's `DeltaLogTail` and its new `Commit`s (`concat` and
+`without_views` shape the rows it reads). The time-zone
 ETL is built on these.
 """
 
@@ -13,6 +14,7 @@ from deltabus.connectors.pathway.link import Link, StreamBatch
 from deltabus.connectors.pathway.output import Output, open_output
 from deltabus.connectors.pathway.sink import Received, TableSink
 from deltabus.connectors.pathway.tail import TableTail
+from deltabus.delta.protocol import concat, without_views
 
 __all__ = [
     "Commit",
@@ -23,5 +25,7 @@ __all__ = [
     "StreamBatch",
     "TableSink",
     "TableTail",
+    "concat",
     "open_output",
+    "without_views",
 ]
