@@ -304,14 +304,18 @@ class Producer:
             writes = self._partition_writes(everywhere)
             start, end = self.committed, self.next_offset
             try:
-                futures = [
-                    self._pool.submit(
-                        self._commit, p, batch, start, end, len(writes), info, marks or {}
-                    )
-                    for p, batch in writes
-                ]
-                for future in futures:
-                    future.result()
+                if len(writes) == 1:  # one partition: no hand-off to the pool
+                    p, batch = writes[0]
+                    self._commit(p, batch, start, end, 1, info, marks or {})
+                else:
+                    futures = [
+                        self._pool.submit(
+                            self._commit, p, batch, start, end, len(writes), info, marks or {}
+                        )
+                        for p, batch in writes
+                    ]
+                    for future in futures:
+                        future.result()
             except BaseException as exc:
                 self._failure = exc
                 raise
