@@ -173,7 +173,8 @@ class Producer:
         """
         self._check_columns(batch.column_names)
         schema = self.stream.schema
-        table = self._validated(lambda: batch.select(schema.names).cast(schema))
+        typed = batch.schema.equals(self.types)  # as the tables hold it: nothing to convert
+        table = self._validated(lambda: batch if typed else batch.select(schema.names).cast(schema))
         if partitions is not None:
             return self._queue(table, None, self._checked_partitions(partitions, table.num_rows))
         if keys is None and self.stream.key is not None:
@@ -216,11 +217,13 @@ class Producer:
             )
 
     def _validated(self, convert: Any) -> pa.Table:
-        """`convert()` in the stream's schema, cast to the tables' types, with no null
-        in a required column."""
+        """`convert()` in the stream's schema, cast to the tables' types (unless it has
+        them already), with no null in a required column."""
         schema = self.stream.schema
         try:
-            table = convert().cast(self.types)
+            table = convert()
+            if not table.schema.equals(self.types):
+                table = table.cast(self.types)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise RecordError(
                 f"a record does not fit stream {self.stream.name}: {exc}",
