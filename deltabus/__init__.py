@@ -40,6 +40,7 @@ __all__ = [
     "Transform",
     "connect",
     "partition_table",
+    "position_marker",
 ]
 
 # Imported on first use, so that `import deltabus` stays light for the CLI.
@@ -61,6 +62,7 @@ _HOMES = {
     "Transform": "deltabus.bus.transform",
     "connect": "deltabus.bus.client",
     "partition_table": "deltabus.bus.partitions",
+    "position_marker": "deltabus.bus.positions",
 }
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from deltabus.bus.consumer import Batch, Consumer
     from deltabus.bus.fence import FencedError
     from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
+    from deltabus.bus.positions import position_marker
     from deltabus.bus.producer import Producer, RecordError
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform

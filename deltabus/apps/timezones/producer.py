@@ -200,11 +200,12 @@ def message_index(seed: int, stream: int, count: int, total: int, chunk: int = 1
     return total
 
 
-MAX_IN_FLIGHT = 3  # commits per table queued behind the one being written
+MAX_IN_FLIGHT = 3  # commits per stream queued behind the one being written
 
 
 class _Progress:
-    """Counts commits as they complete (on the commit threads) and the lag behind schedule."""
+    """Counts the rows of each partition table as commits complete (on the commit
+    threads), and the lag behind schedule."""
 
     def __init__(self, tables: list[str]) -> None:
         self.written = dict.fromkeys(tables, 0)

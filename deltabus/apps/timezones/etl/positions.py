@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from deltalake import DeltaTable
 
+import deltabus
 from deltabus.apps.timezones.contracts import INPUT_TABLES
 from deltabus.delta.tables import find_commit, meta
 
@@ -19,9 +20,9 @@ ETL_APP_ID = "deltabus-etl"
 
 
 def position_marker(table: str) -> str:
-    """App transaction holding the last input version of `table` in the output (the
-    table sink's marker, deltabus.connectors.pathway.sink, of sink `deltabus-etl`)."""
-    return f"{ETL_APP_ID}@{table}"
+    """App transaction holding the last input version of `table` in the output: the
+    position marker (deltabus.position_marker) of sink `deltabus-etl`."""
+    return deltabus.position_marker(ETL_APP_ID, table)
 
 
 def recorded_positions(
