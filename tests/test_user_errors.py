@@ -599,3 +599,18 @@ def test_notify_options_that_cannot_work_are_refused(
         port = taken.getsockname()[1]
         result = run_cli(["notify", "relay", "--port", str(port)], env, tmp_path, timeout=60)
     assert_clean_failure(result, f"cannot listen on 127.0.0.1:{port}", "--port", secret=secret)
+
+
+def test_a_run_id_outside_the_producer_id_alphabet_is_refused(
+    local_lake: Lake, tmp_path: Path
+) -> None:
+    """The run id is the input streams' producer id: exit 2 with the alphabet, nothing
+    written."""
+    env = lake_env(local_lake)
+    refused = run_cli(
+        ["produce", "--run-id", "Run#1", "--count", "10", "--rate", "100"], env, tmp_path
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "run id 'Run#1' is not usable" in refused.stderr
+    assert "lower-case letters, digits" in refused.stderr
+    assert not local_lake.exists("timezone1") and not local_lake.exists("timezone2")
