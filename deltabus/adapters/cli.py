@@ -51,9 +51,19 @@ def _global(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print reports as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    health_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve GET /healthz and /readyz on 0.0.0.0 at this port (probes); "
+            "default DELTABUS_HEALTH_PORT, else none.",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
 ) -> None:
     setup_logging(verbose)
     state.env_file, state.prefix, state.as_json = env_file, prefix, as_json
+    state.health_port = health_port
 
 
 def parse_instant_us(text: str) -> int:

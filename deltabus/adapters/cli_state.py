@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deltabus.core import retry
+from deltabus.core import health, retry
 from deltabus.core.errors import ConfigError
 from deltabus.core.settings import Settings, load_settings
 from deltabus.delta.lake import Lake
@@ -21,6 +21,7 @@ class State:
     env_file: Path | None = None
     prefix: str | None = None
     as_json: bool = False
+    health_port: int | None = None  # --health-port; wins over DELTABUS_HEALTH_PORT
     settings: Settings | None = None  # once loaded: names the lake in storage errors
 
 
@@ -36,6 +37,9 @@ def settings() -> Settings:
             raise ConfigError(f"--prefix: {exc.problem}", exc.hint) from None
     retry.configure(s.retry_max_wait_s)  # the budget may come from .env, not the environment
     state.settings = s
+    port = state.health_port if state.health_port is not None else s.health_port
+    if port is not None:  # from here on /healthz answers; /readyz once the command is ready
+        health.serve(port)
     return s
 
 

@@ -16,6 +16,7 @@ from typing import IO, Annotated, Any
 import typer
 
 from deltabus.adapters.cli_state import lake, state
+from deltabus.core import health
 from deltabus.core.errors import ConfigError
 
 log = logging.getLogger("deltabus")
@@ -239,6 +240,7 @@ def produce_stream(
     }
     pid = producer_id or f"cli-{uuid.uuid4().hex[:12]}"
     producer = bus.producer(name, pid, int(commit_interval_ms))
+    health.mark_ready()
     skip = producer.committed
     if skip:
         log.info("producer %s committed %d records before: skipping that many lines", pid, skip)
@@ -271,6 +273,7 @@ def consume_stream(
     `_partition`, `_version`), committing after each batch is written."""
     bus = _bus()
     consumer = bus.consumer(name, group, start=start, auto_commit=False)
+    health.mark_ready()  # a member of the group
     written, idle_since = 0, time.monotonic()
     try:
         while max_records is None or written < max_records:

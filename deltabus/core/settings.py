@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # OpenSearch the index sink writes to (`deltabus serve opensearch`), as an http(s) URL;
     # may hold user:password, so it is a secret. None: `deltabus opensearch up` starts one.
     opensearch_url: SecretStr | None = None
+    # Port of this process's health endpoint for probes (GET /healthz, /readyz on 0.0.0.0,
+    # deltabus.core.health); None serves none. `deltabus --health-port` wins over it.
+    health_port: int | None = Field(None, ge=1, le=65535)
 
     @field_validator("prefix")
     @classmethod
@@ -147,7 +150,8 @@ class Settings(BaseSettings):
 
         The one place settings cross a process boundary (ETL processes, the service,
         bench children, Dagster launches, tests). Holds the secret key: pass it to a
-        child's environment only, never log it.
+        child's environment only, never log it. The health port is not passed on: it
+        belongs to one process, and a child would find it taken.
         """
         env = {
             "DELTABUS_STORAGE": self.storage,

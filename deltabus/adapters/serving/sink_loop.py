@@ -30,6 +30,7 @@ import pyarrow as pa
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.bus.pacing import Pacer
 from deltabus.bus.tail import Commit, DeltaLogTail
+from deltabus.core import health
 from deltabus.core.errors import ConfigError, DeltabusError
 from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS
 from deltabus.core.retry import retry_storage
@@ -373,6 +374,7 @@ class SinkLoop(ABC):
     # -- reporting ------------------------------------------------------------------------
 
     def _ready(self) -> None:
+        health.mark_ready()
         path = self.config.ready_file
         if path is not None:  # written whole, then renamed: a reader never sees half of it
             tmp = Path(f"{path}.tmp")

@@ -39,6 +39,7 @@ from deltabus.apps.timezones.layout import (
     ensure_layout,
     partition_of,
 )
+from deltabus.core import health
 from deltabus.core.errors import ConfigError, StorageError
 from deltabus.core.gctune import tune_gc_for_streaming
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, check_interval
@@ -339,6 +340,7 @@ class Producer:
                     stream, self.config.run_id, commit_interval_ms=0
                 )
                 self.pools[stream] = ThreadPoolExecutor(max_workers=1)
+            health.mark_ready()  # the lake's layout and the input streams are open
             report = self._run(on_progress, progress_every_s)
         except BaseException:
             self._close(failed=True)

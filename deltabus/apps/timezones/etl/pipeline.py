@@ -26,6 +26,7 @@ from deltabus.apps.timezones.etl.sink import DeltaSinkObserver, open_unified
 from deltabus.apps.timezones.etl.source import BatchSchema, DeltaTailSubject
 from deltabus.apps.timezones.etl.ticker import CommitTicker, TickGroup
 from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
+from deltabus.core import health
 from deltabus.core.errors import ConfigError
 from deltabus.core.gctune import tune_gc_for_streaming
 from deltabus.core.intervals import (
@@ -224,7 +225,9 @@ def run_etl(
     epochs: dict[str, int] = {}
 
     def mark_ready() -> None:
-        """Write the ready file (atomically, once) with this ETL's pid and epochs."""
+        """Write the ready file (atomically, once) with this ETL's pid and epochs, and
+        report the process ready on its health endpoint."""
+        health.mark_ready()
         if ready_file is None or not ready_once.acquire(blocking=False):
             return
         tmp = Path(f"{ready_file}.tmp")
