@@ -1,8 +1,9 @@
-"""MinIO through `dagster_aws.s3.S3Resource`: bucket bootstrap and object listing.
+"""The lake's store through `dagster_aws.s3.S3Resource`: bucket bootstrap and object listing.
 
 Credentials are `EnvVar`s, so the UI shows variable names, never values. The engine's
 names (DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY) win; the MINIO_S3_ACCESS_KEY /
 MINIO_S3_SECRET_ACCESS_KEY names of Pathway's example `.env` are used when only they are set.
+With no secret-key variable, boto3 resolves the standard AWS chain, as the engine does.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ ACCESS_KEY_VARS = _env_names("access_key")
 SECRET_KEY_VARS = _env_names("secret_key")
 ENDPOINT_VAR = _env_names("minio_endpoint")[0]
 REGION_VAR = _env_names("region")[0]
+TOKEN_VAR = _env_names("session_token")[0]
+PROFILE_VAR = _env_names("profile")[0]
+STORAGE_VAR = _env_names("storage")[0]
 DEFAULT_ENDPOINT = _default("minio_endpoint")
-DEFAULT_REGION = _default("region")
 DEFAULT_ACCESS_KEY = _default("access_key")
 
 
@@ -49,20 +52,32 @@ def _env_var(names: tuple[str, ...]) -> EnvVar | None:
 
 
 def minio_s3_resource() -> S3Resource:
-    """An `S3Resource` for the lake's MinIO, configured from the environment.
+    """An `S3Resource` for the lake's store, configured from the environment.
 
-    Endpoint and region fall back to the engine's defaults; without any secret-key
-    variable the resource still names DELTABUS_SECRET_KEY, so a run that needs it fails
-    with Dagster's "environment variable DELTABUS_SECRET_KEY is not set".
+    The endpoint falls back to the engine's default (none for DELTABUS_STORAGE=s3: AWS
+    S3). With a secret-key variable the keys are static (with DELTABUS_SESSION_TOKEN when
+    set); without one, boto3's standard AWS chain (AWS_* keys, AWS_PROFILE or
+    DELTABUS_PROFILE, web identity, container or instance role) provides them.
     """
-    endpoint = _env_var((ENDPOINT_VAR,)) or DEFAULT_ENDPOINT
+    endpoint: EnvVar | str | None = _env_var((ENDPOINT_VAR,))
+    if endpoint is None and os.environ.get(STORAGE_VAR) != "s3":
+        endpoint = DEFAULT_ENDPOINT
+    secret = _env_var(SECRET_KEY_VARS)
+    keys: dict[str, Any] = {}
+    if secret is not None:
+        keys = {
+            "aws_access_key_id": _env_var(ACCESS_KEY_VARS) or DEFAULT_ACCESS_KEY,
+            "aws_secret_access_key": secret,
+            "aws_session_token": _env_var((TOKEN_VAR,)),
+        }
+    else:
+        keys = {"profile_name": _env_var((PROFILE_VAR,))}
     return S3Resource(
         endpoint_url=endpoint,
-        region_name=_env_var((REGION_VAR,)) or DEFAULT_REGION,
-        aws_access_key_id=_env_var(ACCESS_KEY_VARS) or DEFAULT_ACCESS_KEY,
-        aws_secret_access_key=_env_var(SECRET_KEY_VARS) or EnvVar(SECRET_KEY_VARS[0]),
+        region_name=_env_var((REGION_VAR,)),
         use_ssl=not os.environ.get(ENDPOINT_VAR, DEFAULT_ENDPOINT).startswith("http://"),
         max_attempts=3,
+        **keys,
     )
 
 

@@ -81,6 +81,11 @@ def _isolate_environment() -> Path:
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ[SERVICE_DIR_VAR] = str(session / "service")
     os.environ[ENV_FILE_VAR] = os.devnull
+    # The AWS credential chain reads nothing of the user's: no ~/.aws files, no instance
+    # metadata.
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(session / "no-aws-credentials")
+    os.environ["AWS_CONFIG_FILE"] = str(session / "no-aws-config")
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     return session
 
 

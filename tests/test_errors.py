@@ -107,7 +107,8 @@ def test_missing_secret_is_named(minio_lake: Lake, tmp_path: Path) -> None:
     env.pop("DELTABUS_SECRET_KEY")
     result = run_cli(["check"], env, tmp_path)
     assert result.returncode == 2
-    assert "no MinIO secret key is configured" in result.stderr
+    assert "no credentials for the lake" in result.stderr
+    assert "DELTABUS_SECRET_KEY" in result.stderr and "AWS_PROFILE" in result.stderr
 
 
 def test_example_env_names_are_accepted(

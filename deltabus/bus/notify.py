@@ -93,9 +93,7 @@ class CommitNotifier:
         self._relay = urlsplit(s.notify_url) if s.notify_url else None
         self._url = self._relay or urlsplit(s.minio_endpoint)
         self._bucket = s.bucket
-        self._region = s.region
-        self._access_key = s.access_key
-        self._secret_key = s.secret_key.get_secret_value() if s.secret_key else ""
+        self._access = lake.access
         prefix = s.prefix.strip("/")
         self._key_prefix = f"{prefix}/" if prefix else ""
         self._watches: dict[str, weakref.WeakSet[CommitWatch]] = {}
@@ -235,8 +233,9 @@ class CommitNotifier:
             url=f"{self._url.scheme}://{self._url.netloc}{path}",
             headers={"Host": self._url.netloc},
         )
-        credentials = Credentials(self._access_key, self._secret_key)
-        S3SigV4Auth(credentials, "s3", self._region).add_auth(request)
+        keys = self._access.keys()  # the current ones: temporary keys are refreshed
+        credentials = Credentials(keys.access_key, keys.secret_key, keys.token)
+        S3SigV4Auth(credentials, "s3", self._access.region).add_auth(request)
         return path, {k: str(v) for k, v in request.headers.items()}
 
     def _dispatch(self, line: bytes) -> tuple[str, float] | None:
@@ -303,11 +302,11 @@ _shared_lock = threading.Lock()
 def notifier_for(lake: Lake) -> CommitNotifier | None:
     """The process's notifier for this lake; None where tails must simply poll.
 
-    None for local storage, without a secret key (the lake's own checks say why), or when
+    None for local storage or AWS S3 (neither streams commit events), or when
     DELTABUS_NOTIFY is false. A notifier whose thread is gone (closed, or inherited
     through fork) is replaced.
     """
-    if lake.is_local or lake.settings.secret_key is None:
+    if lake.is_local or lake.settings.endpoint is None:
         return None
     if not lake.settings.notify:
         return None

@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 # Environment every deltabus process runs with, unless the user set otherwise.
 PROCESS_DEFAULTS = {"GX_ANALYTICS_ENABLED": "false"}
-LAKE_ENV_PREFIXES = ("DELTABUS_", "MINIO_S3_", "AWS_")
+LAKE_ENV_PREFIXES = ("DELTABUS_", "MINIO_S3_")
+# The standard AWS chain's variables (keys, profile, web identity, container role, region).
+AWS_ENV_PREFIX = "AWS_"
 
 
 def apply_process_defaults(env: dict[str, str] | None = None) -> None:
@@ -42,9 +44,14 @@ def child_env(settings: Settings, extra: Mapping[str, str] | None = None) -> dic
 
     Inherited lake variables are dropped and the settings file is empty, so neither the
     parent's environment nor a `.env` in the child's directory can point it elsewhere.
-    Holds the secret key: pass it to the child only.
+    The AWS_* variables pass on when the credentials come from the AWS chain (the child
+    resolves and refreshes them itself) and are dropped otherwise. Holds the secret key:
+    pass it to the child only.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAKE_ENV_PREFIXES)}
+    dropped = LAKE_ENV_PREFIXES
+    if not settings.uses_aws_chain:
+        dropped = (*LAKE_ENV_PREFIXES, AWS_ENV_PREFIX)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     apply_process_defaults(env)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(settings.to_env())

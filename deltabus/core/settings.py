@@ -6,6 +6,7 @@ configuration from this one object, so MinIO and a local directory share one cod
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -49,31 +50,50 @@ class Settings(BaseSettings):
     """Where the lake lives and how to reach it.
 
     `storage=minio` puts every table under `s3://<bucket>/<prefix>/` on the MinIO endpoint;
+    `storage=s3` under the same path on AWS S3 (or the endpoint, when one is set);
     `storage=local` puts them under `local_root/<prefix>/` on this machine's disk.
+    Credentials: the DELTABUS keys when a secret key is set, else the standard AWS chain
+    (deltabus.delta.s3_access).
     """
 
     model_config = SettingsConfigDict(env_prefix="DELTABUS_", extra="ignore", populate_by_name=True)
 
-    # Where the lake lives: `minio` (an S3 endpoint) or `local` (a directory).
-    storage: Literal["minio", "local"] = "minio"
+    # Where the lake lives: `minio` (an S3-compatible endpoint, path-style requests), `s3`
+    # (AWS S3: virtual-hosted requests, the region's endpoint) or `local` (a directory).
+    storage: Literal["minio", "s3", "local"] = "minio"
     # Lake root directory when the storage is `local`.
     local_root: Path = Path("lake")
-    # MinIO or S3 endpoint, `http://` or `https://`.
+    # MinIO or S3 endpoint, `http://` or `https://`. With `storage=s3` it is used only when
+    # set; unset, the clients use AWS S3's endpoint for the region.
     minio_endpoint: str = "http://127.0.0.1:9000"
     # Access key of the store.
     access_key: str = Field(
         "deltabus",
         validation_alias=AliasChoices("DELTABUS_ACCESS_KEY", "MINIO_S3_ACCESS_KEY"),
     )
-    # Secret key of the store; never printed or logged.
+    # Secret key of the store; never printed or logged. Unset: credentials come from the
+    # standard AWS chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN,
+    # AWS_PROFILE, web identity, container or instance role), refreshed before they expire.
     secret_key: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("DELTABUS_SECRET_KEY", "MINIO_S3_SECRET_ACCESS_KEY"),
     )
+    # Session token of temporary DELTABUS keys (an STS AssumeRole answer); never printed.
+    session_token: SecretStr | None = None
+    # AWS profile of the shared credentials / config files for the AWS chain; unset:
+    # AWS_PROFILE, else `default`.
+    profile: str | None = None
+    # `auto`: virtual-hosted requests for AWS S3 (storage `s3` with no endpoint), path style
+    # for MinIO and other endpoints; `path` or `virtual` to choose.
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    # Further object_store S3 options for delta-rs and obstore, as a JSON object of strings
+    # (e.g. {"aws_server_side_encryption": "aws:kms"}); never printed.
+    storage_options: dict[str, str] = Field(default_factory=dict)
     # Bucket of the lake: 3-63 lowercase letters, digits, `.` and `-`.
     bucket: str = "deltabus"
-    # Region of the store.
-    region: str = "us-east-1"
+    # Region of the store; unset: the AWS chain's region (AWS_REGION, the profile), else
+    # us-east-1.
+    region: str | None = None
     # Prefix of the lake root, `s3://<bucket>/<prefix>/<table>`: `/`-separated names of
     # letters, digits and `._=-` (no leading `/`, no `..`, no empty parts).
     prefix: str = "lake"
@@ -145,6 +165,19 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
+    @property
+    def endpoint(self) -> str | None:
+        """The store's endpoint URL; None for AWS S3 reached through its regional endpoint
+        (storage `s3` with no endpoint set)."""
+        if self.storage == "s3" and "minio_endpoint" not in self.model_fields_set:
+            return None
+        return self.minio_endpoint
+
+    @property
+    def uses_aws_chain(self) -> bool:
+        """Credentials come from the standard AWS chain (no DELTABUS secret key)."""
+        return self.storage != "local" and self.secret_key is None
+
     def to_env(self) -> dict[str, str]:
         """DELTABUS_* variables that reproduce these settings in a child process.
 
@@ -156,11 +189,10 @@ class Settings(BaseSettings):
         env = {
             "DELTABUS_STORAGE": self.storage,
             "DELTABUS_LOCAL_ROOT": str(Path(self.local_root).resolve()),
-            "DELTABUS_MINIO_ENDPOINT": self.minio_endpoint,
             "DELTABUS_ACCESS_KEY": self.access_key,
             "DELTABUS_BUCKET": self.bucket,
-            "DELTABUS_REGION": self.region,
             "DELTABUS_PREFIX": self.prefix,
+            "DELTABUS_ADDRESSING_STYLE": self.addressing_style,
             "DELTABUS_CHECKPOINT_INTERVAL": str(self.checkpoint_interval),
             "DELTABUS_RETRY_MAX_WAIT_S": f"{self.retry_max_wait_s:g}",
             "DELTABUS_SKIP_CHANGE_COMMITS": "true" if self.skip_change_commits else "false",
@@ -169,6 +201,16 @@ class Settings(BaseSettings):
             "DELTABUS_IDLE_POLL_MS": f"{self.idle_poll_ms:g}",
             "DELTABUS_HEDGE_READS": "true" if self.hedge_reads else "false",
         }
+        if self.endpoint is not None:
+            env["DELTABUS_MINIO_ENDPOINT"] = self.endpoint
+        if self.region is not None:
+            env["DELTABUS_REGION"] = self.region
+        if self.profile is not None:
+            env["DELTABUS_PROFILE"] = self.profile
+        if self.storage_options:
+            env["DELTABUS_STORAGE_OPTIONS"] = json.dumps(self.storage_options)
+        if self.session_token is not None:
+            env["DELTABUS_SESSION_TOKEN"] = self.session_token.get_secret_value()
         if self.notify_url:
             env["DELTABUS_NOTIFY_URL"] = self.notify_url
         if self.log_retention_s is not None:
@@ -198,7 +240,7 @@ class Settings(BaseSettings):
         """Where the lake is, for log lines: never includes the secret."""
         if self.storage == "local":
             return f"local directory {self.local_root.resolve() / self.prefix}"
-        return f"s3://{self.bucket}/{self.prefix} on {self.minio_endpoint}"
+        return f"s3://{self.bucket}/{self.prefix} on {self.endpoint or 'AWS S3'}"
 
 
 def append_env_file(env_file: str | os.PathLike[str] | None, lines: list[str]) -> Path:
@@ -272,6 +314,12 @@ def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: o
         ) from None
 
 
+# Fields whose values are never shown, not even in a validation error.
+SECRET_FIELDS = frozenset(
+    {"secret_key", "session_token", "storage_options", "postgres_dsn", "opensearch_url"}
+)
+
+
 def _describe(err: Any) -> str:
     """One validation error as `field (VARIABLE=value): message`, never showing the secret."""
     field = str(err["loc"][0]) if err["loc"] else ""
@@ -281,8 +329,6 @@ def _describe(err: Any) -> str:
     alias = info.validation_alias
     variable = alias.choices[0] if isinstance(alias, AliasChoices) else f"DELTABUS_{field.upper()}"
     shown = ""
-    if field not in ("secret_key", "postgres_dsn", "opensearch_url") and isinstance(
-        err.get("input"), str | int | float
-    ):
+    if field not in SECRET_FIELDS and isinstance(err.get("input"), str | int | float):
         shown = f"={str(err['input'])[:80]!r}"
     return f"{field} ({variable}{shown}): {err['msg']}"

@@ -22,6 +22,7 @@ from deltabus.core import hedge
 from deltabus.core.errors import StorageError, user_storage_error
 from deltabus.core.retry import retry_storage
 from deltabus.core.settings import Settings
+from deltabus.delta.s3_access import S3Access
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,54 +55,46 @@ class Lake:
         return f"{self.root}/{table}"
 
     @cached_property
+    def access(self) -> S3Access:
+        """Credentials, region, endpoint and every S3 client's options (delta.s3_access)."""
+        return S3Access(self.settings)
+
+    @property
     def storage_options(self) -> dict[str, str] | None:
-        """delta-rs storage options; `None` for a local directory."""
-        s = self.settings
+        """delta-rs storage options, with the credentials current now; `None` for a local
+        directory."""
         if self.is_local:
             return None
-        options = {
-            "AWS_ENDPOINT_URL": s.minio_endpoint,
-            "AWS_ACCESS_KEY_ID": s.access_key,
-            "AWS_SECRET_ACCESS_KEY": s.secret_key.get_secret_value() if s.secret_key else "",
-            "AWS_REGION": s.region,
-            # MinIO supports conditional PUT (If-None-Match), which makes concurrent
-            # commits safe without an external lock.
-            "conditional_put": "etag",
-            "AWS_S3_ADDRESSING_STYLE": "path",
-            "connect_timeout": "5s",
-            "timeout": "30s",
-            # Few, short request retries (delta-rs' own are 10 over up to 180 s): an
-            # outage is waited out by `retry_storage`, which keeps the budget and honours a
-            # stop, as with the obstore store below.
-            "max_retries": "2",
-            "retry_timeout": "10s",
-        }
-        if s.minio_endpoint.startswith("http://"):
-            options["AWS_ALLOW_HTTP"] = "true"
-        return options
+        return self.access.delta_options()
 
     def filesystem(self) -> tuple[Any, str]:
         """A pyarrow filesystem for the lake and the path prefix of its tables.
 
-        What readers of raw Delta log and data files use (deltabus.bus.tail); delta-rs takes
-        `storage_options`, boto3 `s3_client()`: the three clients of one lake, built here.
+        What the raw Delta log and data file readers use (deltabus.bus.tail) for ranged
+        reads of large files; small ones go through `object_store`. Its credentials are
+        those current when it is made: long-lived readers make it again (`tail`).
         """
         from pyarrow import fs
 
         if self.is_local:
             return fs.LocalFileSystem(), self.root
         s = self.settings
-        self.require_secret()
-        scheme, _, host = s.minio_endpoint.partition("://")
+        access = self.access
+        keys = access.keys()
+        options: dict[str, Any] = {}
+        if access.endpoint:
+            scheme, _, host = access.endpoint.partition("://")
+            options = {"endpoint_override": host, "scheme": scheme}
         filesystem = fs.S3FileSystem(
-            access_key=s.access_key,
-            secret_key=s.secret_key.get_secret_value(),  # type: ignore[union-attr]
-            region=s.region,
-            endpoint_override=host,
-            scheme=scheme,
+            access_key=keys.access_key,
+            secret_key=keys.secret_key,
+            session_token=keys.token,
+            region=access.region,
+            force_virtual_addressing=access.virtual_hosted,
             connect_timeout=5,
             request_timeout=30,
             retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
+            **options,
         )
         return filesystem, f"{s.bucket}/{s.prefix}"
 
@@ -113,42 +106,17 @@ class Lake:
         404s is one request (pyarrow's filesystem sends a HEAD before every read), and a
         PUT can be conditional (`mode="create"`, If-None-Match), which is how a commit
         claims its version. One store per `Lake` means one connection pool per process.
-        Its own retries are few and short: `retry_storage` owns the waiting.
+        Its own retries are few and short: `retry_storage` owns the waiting. Temporary
+        credentials from the AWS chain are refreshed by the store itself.
         """
-        from datetime import timedelta
-
-        from obstore.store import LocalStore, S3Store
+        from obstore.store import LocalStore
 
         if self.is_local:
             root = Path(self.root)
             root.mkdir(parents=True, exist_ok=True)
             return LocalStore(root)
-        s = self.settings
-        self.require_secret()
-        store = S3Store(
-            s.bucket,
-            prefix=s.prefix or None,
-            endpoint=s.minio_endpoint,
-            access_key_id=s.access_key,
-            secret_access_key=s.secret_key.get_secret_value(),  # type: ignore[union-attr]
-            region=s.region,
-            virtual_hosted_style_request=False,
-            client_options={
-                "allow_http": s.minio_endpoint.startswith("http://"),
-                "connect_timeout": timedelta(seconds=5),
-                "timeout": timedelta(seconds=30),
-            },
-            retry_config={
-                "max_retries": 1,
-                "retry_timeout": timedelta(seconds=10),
-                "backoff": {
-                    "init_backoff": timedelta(milliseconds=50),
-                    "max_backoff": timedelta(seconds=1),
-                    "base": 2.0,
-                },
-            },
-        )
-        hedge.timer_of(store).enabled = s.hedge_reads
+        store = self.access.obstore_store(self.settings.prefix or None)
+        hedge.timer_of(store).enabled = self.settings.hedge_reads
         return store
 
     # -- boto3, for bucket checks and bootstrap -------------------------------------
@@ -156,32 +124,15 @@ class Lake:
     def s3_client(
         self, *, connect_timeout: float = 3.0, read_timeout: float = 10.0, attempts: int = 1
     ) -> Any:
-        import boto3
-        from botocore.config import Config
-
-        s = self.settings
-        self.require_secret()
-        return boto3.client(
-            "s3",
-            endpoint_url=s.minio_endpoint,
-            aws_access_key_id=s.access_key,
-            aws_secret_access_key=s.secret_key.get_secret_value(),  # type: ignore[union-attr]
-            region_name=s.region,
-            config=Config(
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
-                retries={"max_attempts": attempts, "mode": "standard"},
-                s3={"addressing_style": "path"},
-            ),
+        """A boto3 S3 client for the lake's store (credentials, region, addressing)."""
+        return self.access.boto3_client(
+            connect_timeout=connect_timeout, read_timeout=read_timeout, attempts=attempts
         )
 
-    def require_secret(self) -> None:
-        if not self.is_local and self.settings.secret_key is None:
-            raise StorageError(
-                "no MinIO secret key is configured",
-                "set DELTABUS_SECRET_KEY (or MINIO_S3_SECRET_ACCESS_KEY) in the environment "
-                "or .env, or use DELTABUS_STORAGE=local",
-            )
+    def require_credentials(self) -> None:
+        """Fail with one clear message when no credentials can be found (no request)."""
+        if not self.is_local:
+            self.access.check_credentials()
 
     def check(self, write: bool = False) -> None:
         """Fail fast, with one clear message, when the lake cannot be used.
@@ -246,13 +197,14 @@ class Lake:
             code = exc.response.get("Error", {}).get("Code", "")
             if code == "AccessDenied":
                 raise StorageError(
-                    f"access key '{s.access_key}' may not write to s3://{s.bucket}/{s.prefix} "
-                    f"on {s.minio_endpoint} (AccessDenied on PutObject): the lake is read-only "
+                    f"{self.access.describe_credentials()} may not write to "
+                    f"s3://{s.bucket}/{s.prefix} on {self.access.describe_store()} "
+                    "(AccessDenied on PutObject): the lake is read-only "
                     "for this key",
                     "grant the key s3:PutObject on the bucket (README, Security: the "
                     "least-privilege policy), or use a key that has it",
                 ) from None
-            raise user_storage_error(exc, s.describe()) or _client_error(exc, s) from None
+            raise user_storage_error(exc, s.describe()) or _client_error(exc, self.access) from None
         try:
             client.delete_object(Bucket=s.bucket, Key=key)
         except (ClientError, BotoCoreError) as exc:  # the probe is written: reachable, writable
@@ -284,20 +236,20 @@ class Lake:
             return retry_storage(fn, what=what, max_wait=s.retry_max_wait_s, transient=passing)
         except ReadTimeoutError:
             raise StorageError(
-                f"MinIO at {s.minio_endpoint} accepts connections but does not answer "
+                f"{self.access.describe_store()} accepts connections but does not answer "
                 f"(no reply to '{what}' in {time.monotonic() - started:.0f}s of retries)",
                 "check that DELTABUS_MINIO_ENDPOINT is a healthy MinIO / S3 server (its "
                 "logs, disk, load), or allow longer with DELTABUS_RETRY_MAX_WAIT_S",
             ) from None
         except (EndpointConnectionError, BotoConnectionError) as exc:
             raise StorageError(
-                f"cannot reach MinIO at {s.minio_endpoint} ({type(exc).__name__})",
+                f"cannot reach {self.access.describe_store()} ({type(exc).__name__})",
                 "start MinIO (`make minio`) or set DELTABUS_MINIO_ENDPOINT to a running server",
             ) from None
         except ClientError as exc:
             if raw_client_errors:
                 raise
-            raise _client_error(exc, s) from None
+            raise _client_error(exc, self.access) from None
 
     def init_bucket(self) -> bool:
         """Create the bucket if needed; returns True when it was created."""
@@ -319,7 +271,7 @@ class Lake:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 return False
-            raise _client_error(exc, s) from None
+            raise _client_error(exc, self.access) from None
 
     # -- Delta tables ----------------------------------------------------------------
 
@@ -405,28 +357,45 @@ class Lake:
             ) from None
 
 
-def _client_error(exc: Any, s: Settings) -> StorageError:
+# Error codes of S3 and MinIO that mean the credentials were refused, not the request.
+REJECTED_CREDENTIAL_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "InvalidTokenId",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+    }
+)
+
+
+def _client_error(exc: Any, access: S3Access) -> StorageError:
+    """One boto3 ClientError as a clear StorageError, by its code and status."""
+    s = access.settings
+    store = access.describe_store()
     error = exc.response.get("Error", {})
     code = error.get("Code", "")
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     if code in ("NoSuchBucket",) or status == 404:
         return StorageError(
-            f"bucket '{s.bucket}' does not exist on {s.minio_endpoint}",
+            f"bucket '{s.bucket}' does not exist on {store}",
             "create it with `deltabus init-bucket`, or set DELTABUS_BUCKET",
         )
-    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"):
+    if code in REJECTED_CREDENTIAL_CODES:
+        expired = code in ("ExpiredToken", "TokenRefreshRequired")
         return StorageError(
-            f"MinIO at {s.minio_endpoint} rejected the credentials for access key "
-            f"'{s.access_key}' ({code})",
-            "check DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY (or MINIO_S3_ACCESS_KEY / "
-            "MINIO_S3_SECRET_ACCESS_KEY)",
+            f"{store} rejected the credentials: {access.describe_credentials()} ({code}"
+            + (": they have expired)" if expired else ")"),
+            access.fix_credentials(),
         )
     if code == "AccessDenied" or status == 403:
         return StorageError(
-            f"access key '{s.access_key}' may not use bucket '{s.bucket}' ({code or status})",
+            f"{access.describe_credentials()} may not use bucket '{s.bucket}' ({code or status})",
             "grant the key read/write on the bucket (see README: least-privilege policy)",
         )
     return StorageError(
-        f"MinIO at {s.minio_endpoint} answered {code or status}: {error.get('Message', '')}",
-        "check the MinIO server logs",
+        f"{store} answered {code or status}: {error.get('Message', '')}",
+        "check the store's server logs",
     )

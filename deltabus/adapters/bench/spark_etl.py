@@ -105,7 +105,7 @@ def change_data_feed(lake: Any, table: str) -> bool:
 
 
 def session(settings: Any, jars: list[str]) -> Any:
-    """A local[1] SparkSession with Delta's extensions and s3a pointed at the lake's MinIO.
+    """A local[1] SparkSession with Delta's extensions and s3a pointed at the lake's store.
 
     The credentials reach s3a through this process's environment, which the JVM inherits:
     pyspark puts every configuration value on the JVM's command line.
@@ -129,25 +129,13 @@ def session(settings: Any, jars: list[str]) -> Any:
         )
         .config("spark.databricks.delta.snapshotPartitions", "1")
     )
-    if settings.storage == "minio":
-        endpoint = settings.minio_endpoint
-        secret = settings.secret_key.get_secret_value() if settings.secret_key else ""
-        os.environ["AWS_ACCESS_KEY_ID"] = settings.access_key
-        os.environ["AWS_SECRET_ACCESS_KEY"] = secret
-        builder = (
-            builder.config("spark.hadoop.fs.s3a.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
-            .config("spark.hadoop.fs.s3a.endpoint", endpoint)
-            .config("spark.hadoop.fs.s3a.endpoint.region", settings.region)
-            .config("spark.hadoop.fs.s3a.path.style.access", "true")
-            .config(
-                "spark.hadoop.fs.s3a.connection.ssl.enabled",
-                str(endpoint.startswith("https")).lower(),
-            )
-            .config(
-                "spark.hadoop.fs.s3a.aws.credentials.provider",
-                "com.amazonaws.auth.EnvironmentVariableCredentialsProvider",
-            )
-        )
+    if settings.storage != "local":
+        from deltabus.delta.lake import Lake
+
+        access = Lake(settings).access
+        os.environ.update(access.spark_env())
+        for key, value in access.spark_conf().items():
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
