@@ -13,10 +13,10 @@ help:  ## list the targets
 
 .venv/.synced: pyproject.toml uv.lock
 	@python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install -q "uv==$(UV_VERSION)"
-	$(UV) sync --frozen --python 3.11 --extra bench
+	$(UV) sync --frozen --python 3.11 --all-extras
 	@touch $@
 
-venv: .venv/.synced  ## create the virtualenv with the pinned packages
+venv: .venv/.synced  ## create the virtualenv with the pinned packages, every extra and the dev tools
 
 minio-bin: venv  ## build the pinned MinIO with `go install` (cached in ~/.cache/deltabus)
 	$(PY) -m deltabus minio build

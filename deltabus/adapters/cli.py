@@ -18,6 +18,7 @@ from deltabus.adapters.cli_state import emit, lake, state
 from deltabus.adapters.serving.opensearch_cli import opensearch_app, serve_opensearch
 from deltabus.adapters.streams_cli import consume_stream, groups_app, produce_stream, streams_app
 from deltabus.core.errors import ConfigError, user_storage_error
+from deltabus.core.extras import needs_extra
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.core.logs import setup_logging
 from deltabus.core.processes import apply_process_defaults
@@ -40,6 +41,14 @@ app.add_typer(streams_app, name="streams")
 app.add_typer(groups_app, name="groups")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from deltabus.core.version import installed_version
+
+        print(f"deltabus {installed_version()}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _global(
     env_file: Annotated[
@@ -51,6 +60,15 @@ def _global(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print reports as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the installed version and exit.",
+        ),
+    ] = False,
     health_port: Annotated[
         int | None,
         typer.Option(
@@ -178,7 +196,8 @@ def produce(
     if stream is not None:
         produce_stream(stream, producer_id, commit_interval_ms, sys.stdin)
         return
-    from deltabus.apps.timezones.producer import Producer, ProducerConfig
+    with needs_extra("pathway", "deltabus produce without --stream (the time-zone producer)"):
+        from deltabus.apps.timezones.producer import Producer, ProducerConfig
 
     if duration is None and count is None:
         duration = 10.0
@@ -247,6 +266,7 @@ class CorruptFileAction(StrEnum):
 
 
 @app.command()
+@needs_extra("pathway", "deltabus etl")
 def etl(
     mode: Annotated[
         EtlMode,
@@ -330,6 +350,7 @@ def etl(
 
 
 @app.command()
+@needs_extra("pathway", "deltabus results")
 def results(
     out: Annotated[Path, typer.Option(help="CSV file to write.")] = Path("results.csv"),
     net: Annotated[
@@ -352,6 +373,7 @@ def results(
 
 
 @app.command()
+@needs_extra("pathway", "deltabus demo")
 def demo(
     rate: Annotated[float, typer.Option(help="Messages per second.")] = 10_000,
     duration: Annotated[float, typer.Option(help="Seconds to produce for.")] = 10,
@@ -505,7 +527,7 @@ postgres_app = typer.Typer(
 )
 app.add_typer(postgres_app, name="postgres")
 app.add_typer(opensearch_app, name="opensearch")
-serve_app.command("opensearch")(serve_opensearch)
+serve_app.command("opensearch")(needs_extra("serve", "deltabus serve opensearch")(serve_opensearch))
 
 
 def postgres_dsn(dsn: str | None) -> str:
@@ -525,6 +547,7 @@ def postgres_dsn(dsn: str | None) -> str:
 
 
 @serve_app.command("postgres")
+@needs_extra("serve", "deltabus serve postgres")
 def serve_postgres(
     follow: Annotated[
         bool,
@@ -598,6 +621,7 @@ def serve_postgres(
 
 
 @postgres_app.command("up")
+@needs_extra("serve", "deltabus postgres up")
 def postgres_up(
     data_dir: Annotated[Path, typer.Option(help="Where PostgreSQL keeps its data.")] = Path(
         ".deltabus/postgres"
@@ -614,6 +638,7 @@ def postgres_up(
 
 
 @postgres_app.command("down")
+@needs_extra("serve", "deltabus postgres down")
 def postgres_down(
     data_dir: Annotated[Path, typer.Option(help="The data directory given to `up`.")] = Path(
         ".deltabus/postgres"
@@ -628,8 +653,8 @@ def postgres_down(
 # `deltabus bench`: the latency benchmark harness. Its options live in
 # deltabus/adapters/bench/command.py, which imports only typer; Pathway, matplotlib and
 # Kafka load when the command runs.
-app.command("bench")(bench_command)
-app.command("store-check")(store_check_command)
+app.command("bench")(needs_extra("bench", "deltabus bench")(bench_command))
+app.command("store-check")(needs_extra("bench", "deltabus store-check")(store_check_command))
 
 
 _terminated: list[int] = []  # the signal that ended the command, if SIGTERM did

@@ -26,6 +26,11 @@ class StorageError(DeltabusError):
     """The lake cannot be reached or used: bucket, credentials, endpoint, not a Delta table."""
 
 
+class MissingExtraError(DeltabusError):
+    """A command needs an optional part of deltabus (an extra) that is not installed; the
+    message names the extra and the command that installs it."""
+
+
 # Storage failures no retry can cure: the user must free space, grant access or point
 # deltabus elsewhere. Told by errno and by botocore's error code where an exception has
 # them; otherwise matched as whole tokens (case-insensitive) in the text of any exception

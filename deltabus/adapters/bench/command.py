@@ -51,27 +51,12 @@ HELP = (
 
 
 def require_bench_extra(kafka: bool) -> None:
-    """Raise ConfigError when a package of the `bench` extra cannot be imported
-    (matplotlib, and confluent-kafka for the Kafka backbone)."""
-    from importlib import import_module
+    """Raise MissingExtraError before any run when a module of the `bench` extra is not
+    installed (confluent-kafka only for the Kafka backbone)."""
+    from deltabus.core.extras import EXTRA_MODULES, require_extra
 
-    from deltabus.core.errors import ConfigError
-
-    wanted = {"matplotlib": "matplotlib"}
-    if kafka:
-        wanted["confluent_kafka"] = "confluent-kafka"
-    missing = []
-    for module, package in wanted.items():
-        try:
-            import_module(module)
-        except ImportError:
-            missing.append(package)
-    if missing:
-        raise ConfigError(
-            f"deltabus bench needs {', '.join(missing)}, which is not installed",
-            "install the bench extra: pip install 'deltabus[bench]' (in this repository: "
-            "make venv)",
-        )
+    modules = EXTRA_MODULES["bench"]
+    require_extra("bench", "deltabus bench", modules if kafka else modules - {"confluent_kafka"})
 
 
 def bench(

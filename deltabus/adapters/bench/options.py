@@ -11,7 +11,12 @@ import typer
 
 def _workload(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
     """`--workload FILE`: the file's options become the defaults of the others."""
-    from deltabus.adapters.bench.workload_file import apply_workload
+    if value is None:
+        return None
+    from deltabus.core.extras import needs_extra
+
+    with needs_extra("bench", "deltabus bench --workload"):
+        from deltabus.adapters.bench.workload_file import apply_workload
 
     return apply_workload(ctx, param, value)
 

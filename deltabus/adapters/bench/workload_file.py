@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import click
+import typer
 import yaml
 
 from deltabus.core.errors import ConfigError
@@ -20,7 +20,7 @@ from deltabus.core.errors import ConfigError
 DESCRIPTION = "description"  # free text: what the workload measures, and why
 
 
-def load_workload(path: Path, options: Mapping[str, click.Parameter]) -> dict[str, Any]:
+def load_workload(path: Path, options: Mapping[str, object]) -> dict[str, Any]:
     """The option values a workload file sets.
 
     Args:
@@ -75,7 +75,9 @@ def load_workload(path: Path, options: Mapping[str, click.Parameter]) -> dict[st
     return values
 
 
-def apply_workload(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+def apply_workload(
+    ctx: typer.Context, param: typer.CallbackParam, value: Path | None
+) -> Path | None:
     """An eager option's callback: the file's values become the command's defaults, so the
     command line still overrides each of them."""
     if value is None or ctx.resilient_parsing:

@@ -16,6 +16,7 @@ import typer
 
 from deltabus.adapters.cli_state import lake, state
 from deltabus.core.errors import ConfigError
+from deltabus.core.extras import needs_extra
 from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS, from_ms
 
 DEFAULT_DATA_DIR = Path(".deltabus/opensearch")
@@ -26,6 +27,7 @@ opensearch_app = typer.Typer(
 
 
 @opensearch_app.command("up")
+@needs_extra("serve", "deltabus opensearch up")
 def opensearch_up(
     data_dir: Annotated[
         Path, typer.Option(help="Where the node keeps its data, config and log.")
@@ -43,6 +45,7 @@ def opensearch_up(
 
 
 @opensearch_app.command("down")
+@needs_extra("serve", "deltabus opensearch down")
 def opensearch_down(
     data_dir: Annotated[Path, typer.Option(help="The data directory given to `up`.")] = (
         DEFAULT_DATA_DIR
