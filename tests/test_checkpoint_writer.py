@@ -106,11 +106,10 @@ def drop_commits_through(lake: Lake, table: str, version: int) -> None:
 
 def read_with_tail(lake: Lake, table: str, version: int) -> pa.Table:
     """The table at `version` as our tail reads it: checkpoint + commits, then the files."""
-    fs, root = lake.filesystem()
-    delta_log = DeltaLog(fs, f"{root}/{table}", lake.object_store, table)
+    delta_log = DeltaLog(lake.object_store, table)
     snapshot = snapshot_at(delta_log, version, files=True)
     assert snapshot is not None and snapshot.state is not None and snapshot.files is not None
-    files = TableFiles(fs, f"{root}/{table}", table, lake.object_store, table)
+    files = TableFiles(lake.object_store, table, lake.root)
     return concat([files.read(snapshot.state, a, "test") for a in snapshot.files.values()])
 
 

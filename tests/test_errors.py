@@ -26,6 +26,7 @@ from deltabus.core.errors import ConfigError
 from deltabus.core.net import free_port
 from deltabus.core.settings import load_settings
 from deltabus.delta.lake import Lake
+from deltabus.delta.protocol import RangedFile
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 
 COMMANDS = [
@@ -259,35 +260,6 @@ MESSAGES = [
         True,
         "Generic S3 error: error sending request for url (http://127.0.0.1:1/x)",
     ),
-    (
-        "pyarrow: connection refused",
-        True,
-        "When reading information for key 'k': AWS Error NETWORK_CONNECTION during HeadObject "
-        "operation: curlCode: 7, Could not connect to server",
-    ),
-    (
-        "pyarrow: server going down",
-        True,
-        "When reading information for key 'k': AWS Error UNKNOWN (HTTP status 499) during "
-        "HeadObject operation: No response body.",
-    ),
-    (
-        "pyarrow: SlowDown",
-        True,
-        "When reading 'k': AWS Error [code 19] during GetObject operation: Please reduce your "
-        "request rate",
-    ),
-    (
-        "pyarrow: key 'k503' not found",
-        False,
-        "When reading information for key 'k503': AWS Error UNKNOWN (HTTP status 404) during "
-        "HeadObject operation: No response body.",
-    ),
-    (
-        "pyarrow: access denied",
-        False,
-        "AWS Error ACCESS_DENIED during GetObject operation: Access Denied",
-    ),
     ("wrong secret", False, "S3 error: SignatureDoesNotMatch"),
     ("schema mismatch", False, "Schema error: Cannot cast schema, number of fields does not match"),
     ("Rust io error: connection reset", True, "Io error: Connection reset by peer (os error 104)"),
@@ -419,7 +391,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 def _clients(lake: Lake, key: str) -> dict[str, Callable[[], object]]:
     """One read of `key` (and of the table) through each client deltabus uses."""
-    fs, root = lake.filesystem()
     s = lake.settings
     options = lake.storage_options
 
@@ -432,23 +403,23 @@ def _clients(lake: Lake, key: str) -> dict[str, Callable[[], object]]:
             DeltaTable(lake.uri("t"), storage_options=options).scan()
         ),
         "obstore get": lambda: obstore.get(lake.object_store, key).bytes(),
-        "pyarrow read": lambda: pq.read_table(fs.open_input_file(f"{root}/{key}")),
+        "ranged read": lambda: pq.read_table(RangedFile(lake.object_store, key)),
         "boto3 get": lambda: lake.s3_client().get_object(Bucket=s.bucket, Key=f"{s.prefix}/{key}"),
     }
 
 
 # (situation, client, transient). Each error is raised for real against the lab's MinIO.
 LIVE = [
-    *(("corrupt file", c, False) for c in ("delta-rs read", "delta-rs scan", "pyarrow read")),
+    *(("corrupt file", c, False) for c in ("delta-rs read", "delta-rs scan", "ranged read")),
     *(
         ("vacuumed file", c, False)
-        for c in ("delta-rs read", "delta-rs scan", "obstore get", "pyarrow read", "boto3 get")
+        for c in ("delta-rs read", "delta-rs scan", "obstore get", "ranged read", "boto3 get")
     ),
     *(
         ("503 answer", c, True)
-        for c in ("delta-rs open", "obstore get", "pyarrow read", "boto3 get")
+        for c in ("delta-rs open", "obstore get", "ranged read", "boto3 get")
     ),
-    *(("outage", c, True) for c in ("delta-rs open", "obstore get", "pyarrow read", "boto3 get")),
+    *(("outage", c, True) for c in ("delta-rs open", "obstore get", "ranged read", "boto3 get")),
 ]
 
 
@@ -534,7 +505,7 @@ def test_permanent_errors_stop_at_once_and_outages_are_ridden_out(lab: Lab) -> N
     proxy = ServiceUnavailableProxy(lab.server.endpoint, time.monotonic() + 2.0)
     try:
         behind = Lake(s.model_copy(update={"minio_endpoint": proxy.endpoint}))
-        for client in ("obstore get", "pyarrow read", "delta-rs read"):
+        for client in ("obstore get", "ranged read", "delta-rs read"):
             proxy.available_at = time.monotonic() + 1.5
             before = proxy.answered_503
             got = retry.retry_storage(

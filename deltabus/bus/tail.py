@@ -137,11 +137,9 @@ class DeltaLogTail:
     ) -> None:
         self.table = table
         self.columns = columns
-        self.fs, root = lake.filesystem()
-        self.path = f"{root}/{table}"
         store = lake.object_store
-        self.log = DeltaLog(self.fs, self.path, store, table)
-        self.files = TableFiles(self.fs, self.path, table, store, table)
+        self.log = DeltaLog(store, table)
+        self.files = TableFiles(store, table, lake.root)
         self.skip_change_commits = skip_change_commits
         self.skipped_change_commits = 0
         self.skip_corrupt_files = skip_corrupt_files

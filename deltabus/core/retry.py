@@ -6,8 +6,8 @@ saying what we are waiting for, so a MinIO restart costs time, never data.
 
 Transient or permanent is read from what each library says about a failure: its class
 (botocore, obstore, deltalake, builtin connection errors), its HTTP status or error
-code (botocore's response, object_store's "Server returned non-2xx status code: N",
-pyarrow's "AWS Error CODE (HTTP status N)"), its errno (also as Rust's "(os error N)")
+code (botocore's response, object_store's "Server returned non-2xx status code: N"),
+its errno (also as Rust's "(os error N)")
 or its SQLSTATE (psycopg2). Only those structured parts of a message are read, never a
 word anywhere in it: a file name holding "503" is not an outage.
 """
@@ -62,18 +62,6 @@ S3_TRANSIENT_CODES = frozenset(
         "XMinioServerNotInitialized",
     }
 )
-# pyarrow's S3 error names (aws-sdk-cpp CoreErrors) of an outage; the SDK's codes arrow has
-# no name for print as "[code N]": 19 is SLOW_DOWN, 24 REQUEST_TIMEOUT.
-AWS_SDK_TRANSIENT_CODES = frozenset(
-    {
-        "INTERNAL_FAILURE",
-        "SERVICE_UNAVAILABLE",
-        "THROTTLING",
-        "NETWORK_CONNECTION",
-        "[code 19]",
-        "[code 24]",
-    }
-)
 # SQLSTATEs of a PostgreSQL that went away or is starting, or of a transaction to rerun.
 PG_TRANSIENT_CLASSES = ("08",)  # connection exception
 PG_TRANSIENT_CODES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
@@ -81,8 +69,7 @@ PG_TRANSIENT_CODES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40
 
 def transient_status(status: int) -> bool:
     """True for an HTTP status an outage or overload explains: 5xx but 501, 505 and 507,
-    and 408, 429 and 499 (pyarrow's S3 client reports a request the server dropped, as
-    when it goes down, as 499)."""
+    and 408, 429 and 499 (a request the server dropped, as when it goes down)."""
     return status in (408, 429, 499) or (500 <= status <= 599 and status not in (501, 505, 507))
 
 
@@ -102,11 +89,6 @@ _OBJECT_STORE_ERROR_BODY = re.compile(r"(?:^|: |\s- )Server returned error respo
 _OBJECT_STORE_NO_ANSWER = re.compile(r"(?:^|: |\s- )HTTP error(?::|$)", re.M)
 # reqwest's own message for a request that got no answer, as older object_store printed it.
 _REQWEST_NO_ANSWER = re.compile(r"(?:^|: )error sending request for url \(", re.M)
-# pyarrow's S3 filesystem: "AWS Error NETWORK_CONNECTION during GetObject operation: ..."
-# and "AWS Error UNKNOWN (HTTP status 503) during HeadObject operation: ...".
-_AWS_SDK = re.compile(
-    r"\bAWS Error (\[code \d+\]|[A-Z_]+)(?: \(HTTP status (\d{3})\))? during \w+ operation"
-)
 # An errno as Rust ("(os error 111)") and Python ("[Errno 111]") print it.
 _ERRNO = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
 # libpq's messages for a server it cannot reach or that went away (psycopg2 gives no
@@ -134,11 +116,6 @@ def text_verdict(text: str) -> bool | None:
     text = one_line_chain(text)
     if (found := _OBJECT_STORE_STATUS.search(text)) is not None:
         return transient_status(int(found.group(1)))
-    if (found := _AWS_SDK.search(text)) is not None:
-        code, status = found.group(1), found.group(2)
-        if code == "UNKNOWN" and status is not None:
-            return transient_status(int(status))
-        return code in AWS_SDK_TRANSIENT_CODES
     if _OBJECT_STORE_ERROR_BODY.search(text) or _OBJECT_STORE_NO_ANSWER.search(text):
         return True
     if _REQWEST_NO_ANSWER.search(text):

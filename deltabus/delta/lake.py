@@ -67,43 +67,12 @@ class Lake:
             return None
         return self.access.delta_options()
 
-    def filesystem(self) -> tuple[Any, str]:
-        """A pyarrow filesystem for the lake and the path prefix of its tables.
-
-        What the raw Delta log and data file readers use (deltabus.bus.tail) for ranged
-        reads of large files; small ones go through `object_store`. Its credentials are
-        those current when it is made: long-lived readers make it again (`tail`).
-        """
-        from pyarrow import fs
-
-        if self.is_local:
-            return fs.LocalFileSystem(), self.root
-        s = self.settings
-        access = self.access
-        keys = access.keys()
-        options: dict[str, Any] = {}
-        if access.endpoint:
-            scheme, _, host = access.endpoint.partition("://")
-            options = {"endpoint_override": host, "scheme": scheme}
-        filesystem = fs.S3FileSystem(
-            access_key=keys.access_key,
-            secret_key=keys.secret_key,
-            session_token=keys.token,
-            region=access.region,
-            force_virtual_addressing=access.virtual_hosted,
-            connect_timeout=5,
-            request_timeout=30,
-            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=2),
-            **options,
-        )
-        return filesystem, f"{s.bucket}/{s.prefix}"
-
     @cached_property
     def object_store(self) -> Any:
         """An obstore store rooted at the lake root, shared by the process's hot paths.
 
         The Delta log's hot path (tail polls, fast-append commits) uses it: a GET that
-        404s is one request (pyarrow's filesystem sends a HEAD before every read), and a
+        404s is one request (pyarrow's S3 filesystem sends a HEAD before every read), and a
         PUT can be conditional (`mode="create"`, If-None-Match), which is how a commit
         claims its version. One store per `Lake` means one connection pool per process.
         Its own retries are few and short: `retry_storage` owns the waiting. Temporary

@@ -21,6 +21,7 @@ Everything is vectorised per file (pyarrow, NumPy); nothing loops over rows in P
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -34,10 +35,10 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
+import obstore
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyarrow import fs
 
 from deltabus.core import hedge
 from deltabus.core.errors import DeltabusError
@@ -514,24 +515,16 @@ def plan_changes(actions: dict[str, list[dict[str, Any]]], state: TableState | N
 
 
 class TableFiles:
-    """Reads a table's data, change data and deletion vector files through pyarrow."""
+    """Reads a table's data, change data and deletion vector files through the lake's
+    obstore store: small files in one GET, large ones by ranged GETs."""
 
-    def __init__(
-        self,
-        filesystem: fs.FileSystem,
-        table_path: str,
-        table: str,
-        store: Any = None,
-        store_path: str | None = None,
-    ) -> None:
-        self.fs = filesystem
-        self.path = table_path
+    def __init__(self, store: Any, table: str, root: str) -> None:
+        """`store` is rooted at the lake root `root` (an `s3://bucket/prefix` URI or a
+        local directory); `table` is the table's path in it."""
+        self.store = store
         self.table = table
-        self.local = isinstance(filesystem, fs.LocalFileSystem)
-        # An obstore store and the table's path in it: small files in the table are
-        # fetched with one GET (pyarrow sends a HEAD first).
-        self.store, self.store_path = store, store_path
-        # Bytes of data files fetched ahead of their commit (`fetched_ahead`), by path.
+        self.root = root.rstrip("/")
+        # Bytes of data files fetched ahead of their commit (`fetched_ahead`), by key.
         self._ahead: dict[str, bytes] = {}
 
     def fetched_ahead(self, name: str, data: bytes) -> None:
@@ -540,14 +533,19 @@ class TableFiles:
         self._ahead = {self.resolve(name): data}
 
     def resolve(self, path: str) -> str:
-        """A filesystem path for a log path (relative to the table, or an absolute URI)."""
+        """The store key of a log path (relative to the table, or an absolute URI inside
+        the lake root)."""
         if "://" not in path and not path.startswith("/"):
-            return f"{self.path}/{unquote(path)}"
+            return f"{self.table}/{unquote(path)}"
         parsed = urlparse(path)
-        if parsed.scheme in ("file", "") and self.local:
-            return unquote(parsed.path)
-        if parsed.scheme in ("s3", "s3a", "s3n") and not self.local:
-            return f"{parsed.netloc}{unquote(parsed.path)}"
+        if parsed.scheme in ("s3", "s3a", "s3n"):
+            absolute = f"s3://{parsed.netloc}{unquote(parsed.path)}"
+        elif parsed.scheme in ("file", ""):
+            absolute = unquote(parsed.path)
+        else:
+            absolute = path
+        if absolute.startswith(self.root + "/"):
+            return absolute[len(self.root) + 1 :]
         raise InputTableError(
             f"{self.table} refers to {path}, outside the storage deltabus reads",
             "keep input data files in the table's own storage",
@@ -562,7 +560,7 @@ class TableFiles:
                 data = z85_decode(descriptor["pathOrInlineDv"])[:size]
             elif kind in ("u", "p"):
                 path = (
-                    f"{self.path}/{dv_relative_path(descriptor)}"
+                    f"{self.table}/{dv_relative_path(descriptor)}"
                     if kind == "u"
                     else self.resolve(descriptor["pathOrInlineDv"])
                 )
@@ -584,38 +582,34 @@ class TableFiles:
             )
         return rows
 
-    def _dv_from_file(self, path: str, offset: int | None, size: int) -> bytes:
-        with self.fs.open_input_file(path) as handle:
-            # The protocol reads an absent offset as 0; writers put the first vector
-            # after the file's version byte, so an absent offset is tried both ways.
-            for start in (offset,) if offset is not None else (0, 1):
-                handle.seek(int(start))
-                blob = handle.read(size + 8)
-                if len(blob) == size + 8 and struct.unpack(">i", blob[:4])[0] == size:
-                    data = blob[4 : 4 + size]
-                    (checksum,) = struct.unpack(">I", blob[4 + size :])
-                    if zlib.crc32(data) & 0xFFFFFFFF != checksum:
-                        raise ValueError("checksum mismatch")
-                    return data
+    def _dv_from_file(self, key: str, offset: int | None, size: int) -> bytes:
+        """The vector of `size` bytes at `offset` in the file `key`: one ranged GET."""
+        # The protocol reads an absent offset as 0; writers put the first vector after
+        # the file's version byte, so an absent offset is tried both ways.
+        first = int(offset) if offset is not None else 0
+        blob = bytes(obstore.get_range(self.store, key, start=first, length=size + 9))
+        for start in (0,) if offset is not None else (0, 1):
+            chunk = blob[start : start + size + 8]
+            if len(chunk) == size + 8 and struct.unpack(">i", chunk[:4])[0] == size:
+                data = chunk[4 : 4 + size]
+                (checksum,) = struct.unpack(">I", chunk[4 + size :])
+                if zlib.crc32(data) & 0xFFFFFFFF != checksum:
+                    raise ValueError("checksum mismatch")
+                return data
         raise ValueError(f"no vector of {size} bytes at offset {offset}")
 
-    def _open(self, path: str, size: int | None) -> Any:
+    def _open(self, key: str, size: int | None) -> Any:
         """A random-access handle on a data file.
 
-        A file the log says is small is fetched whole in one streamed read (pyarrow's HEAD,
-        then one GET): opening it for random access costs the HEAD and two ranged GETs
-        (footer, then columns), three billed requests instead of two.
+        A file the log says is small is fetched whole in one GET (random access would cost
+        two ranged GETs, footer then columns); a larger one is read by ranged GETs.
         """
-        ahead = self._ahead.pop(path, None)
+        ahead = self._ahead.pop(key, None)
         if ahead is not None and (size is None or len(ahead) == int(size)):
             return pa.BufferReader(pa.py_buffer(ahead))
         if size is not None and int(size) <= WHOLE_FILE_BYTES:
-            if self.store is not None and path.startswith(self.path + "/"):
-                key = f"{self.store_path}/{path[len(self.path) + 1 :]}"
-                return pa.BufferReader(pa.py_buffer(hedge.get(self.store, key)))
-            with self.fs.open_input_stream(path, compression=None) as stream:
-                return pa.BufferReader(stream.read())
-        return self.fs.open_input_file(path)
+            return pa.BufferReader(pa.py_buffer(hedge.get(self.store, key)))
+        return RangedFile(self.store, key, None if size is None else int(size))
 
     def read(
         self,
@@ -814,28 +808,16 @@ class Snapshot:
 
 
 class DeltaLog:
-    """Reads one table's `_delta_log`: commits, `_last_checkpoint`, checkpoints."""
+    """Reads one table's `_delta_log` (commits, `_last_checkpoint`, checkpoints) through
+    the lake's obstore store: a read is one GET, a missing file one 404."""
 
-    def __init__(
-        self,
-        filesystem: fs.FileSystem,
-        table_path: str,
-        store: Any = None,
-        store_path: str | None = None,
-    ) -> None:
-        self.fs = filesystem
-        self.dir = f"{table_path}/_delta_log"
-        # With an obstore store (and the table's path in it), a read is one GET and a
-        # missing file one 404: what a tail polling for the next version pays.
+    def __init__(self, store: Any, table: str) -> None:
         self.store = store
-        self.store_dir = f"{store_path}/_delta_log"
+        self.dir = f"{table}/_delta_log"
 
     def read(self, name: str) -> bytes | None:
         try:
-            if self.store is not None:
-                return hedge.get(self.store, f"{self.store_dir}/{name}")
-            with self.fs.open_input_stream(f"{self.dir}/{name}", compression=None) as stream:
-                return stream.read()
+            return hedge.get(self.store, f"{self.dir}/{name}")
         except FileNotFoundError:
             return None
 
@@ -855,12 +837,12 @@ class DeltaLog:
         """Every checkpoint in the log: version -> its file names (listing the log)."""
         found: dict[int, list[str]] = {}
         pattern = re.compile(r"(\d{20})\.checkpoint(\.\d{10}\.\d{10})?\.parquet")
-        try:
-            infos = self.fs.get_file_info(fs.FileSelector(self.dir))
-        except FileNotFoundError:
-            return found
-        for info in infos:
-            name = info.base_name
+        names = [
+            str(meta["path"]).rsplit("/", 1)[-1]
+            for chunk in obstore.list(self.store, prefix=f"{self.dir}/", chunk_size=1000)
+            for meta in chunk
+        ]
+        for name in names:
             match = pattern.fullmatch(name)
             if match:
                 found.setdefault(int(match.group(1)), []).append(name)
@@ -895,7 +877,7 @@ class DeltaLog:
                     if kind in wanted:
                         grouped.setdefault(kind, []).extend(bodies)
                 continue
-            with self.fs.open_input_file(f"{self.dir}/{name}") as handle:
+            with self._parquet(f"{self.dir}/{name}") as handle:
                 parquet = pq.ParquetFile(handle)
                 present = [c for c in wanted if c in parquet.schema_arrow.names]
                 table = parquet.read(columns=present)
@@ -904,11 +886,56 @@ class DeltaLog:
                 valid = column.filter(pc.is_valid(column))
                 grouped.setdefault(kind, []).extend(_plain(v) for v in valid.to_pylist())
         for sidecar in grouped.pop("sidecar", []):
-            with self.fs.open_input_file(f"{self.dir}/_sidecars/{sidecar['path']}") as handle:
+            with self._parquet(f"{self.dir}/_sidecars/{sidecar['path']}") as handle:
                 column = pq.ParquetFile(handle).read(columns=["add"]).column("add")
             valid = column.filter(pc.is_valid(column))
             grouped.setdefault("add", []).extend(_plain(v) for v in valid.to_pylist())
         return grouped
+
+    def _parquet(self, key: str) -> Any:
+        """A checkpoint part or sidecar, fetched whole (one GET)."""
+        raw = self.read(key[len(self.dir) + 1 :])
+        if raw is None:
+            raise FileNotFoundError(key)
+        return pa.BufferReader(pa.py_buffer(raw))
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over one object: every read is one ranged GET.
+
+    What pyarrow's Parquet reader takes for a large data file: it reads the footer, then
+    the column chunks it needs.
+    """
+
+    def __init__(self, store: Any, key: str, size: int | None = None) -> None:
+        super().__init__()
+        self.store, self.key = store, key
+        self.size = int(obstore.head(store, key)["size"]) if size is None else size
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = max(0, base + offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        length = min(len(buffer), self.size - self.position)
+        if length <= 0:
+            return 0
+        data = obstore.get_range(self.store, self.key, start=self.position, length=length)
+        view = memoryview(data)
+        buffer[: len(view)] = view
+        self.position += len(view)
+        return len(view)
 
 
 def _plain(value: Any) -> Any:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import math
 from typing import Any
+from urllib.parse import unquote
 
 import duckdb
+import obstore
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -69,14 +71,13 @@ def _input_rows(lake, table: str) -> pl.DataFrame:
         return frame
     except DeltaError:
         pass  # the change data feed no longer starts at 0 (expired log): the fallback below
-    filesystem, root = lake.filesystem()
     actions = pa.table(dt.get_add_actions(flatten=True)).select(["path", "modification_time"])
     parts = []
     for path, mtime in zip(
         actions["path"].to_pylist(), actions["modification_time"].to_pylist(), strict=True
     ):
-        with filesystem.open_input_file(f"{root}/{table}/{path}") as handle:
-            part = pq.ParquetFile(handle).read(columns=["date", "message"])
+        raw = obstore.get(lake.object_store, f"{table}/{unquote(path)}").bytes()
+        part = pq.ParquetFile(pa.BufferReader(pa.py_buffer(raw))).read(columns=["date", "message"])
         parts.append(
             pl.from_arrow(part).with_columns(
                 _change_type=pl.lit("insert"),
