@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pyarrow as pa
 import pytest
 from botocore.config import Config
 
@@ -252,3 +253,40 @@ def test_an_unknown_storage_option_is_a_clear_error() -> None:
     )
     with pytest.raises(ConfigError, match="DELTABUS_STORAGE_OPTIONS"):
         lake.object_store  # noqa: B018
+
+
+def test_temporary_credentials_are_refreshed_before_they_expire(
+    minio, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile whose `credential_process` hands out STS keys said to expire at once: each
+    client deltabus makes (obstore, delta-rs, boto3) gets fresh keys from the chain, and
+    the lake keeps working with them."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "issue_keys.py"
+    script.write_text(
+        "import datetime, json, pathlib, boto3\n"
+        f"pathlib.Path({str(calls)!r}).open('a').write('x')\n"
+        f"sts = boto3.client('sts', endpoint_url={minio.endpoint!r}, region_name='us-east-1',"
+        f" aws_access_key_id={minio.access_key!r}, aws_secret_access_key={minio.secret_key!r})\n"
+        "c = sts.assume_role(RoleArn='arn:aws:iam::000000000000:role/r',"
+        " RoleSessionName='rotate', DurationSeconds=900)['Credentials']\n"
+        "soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=1)\n"
+        "print(json.dumps({'Version': 1, 'AccessKeyId': c['AccessKeyId'],"
+        " 'SecretAccessKey': c['SecretAccessKey'], 'SessionToken': c['SessionToken'],"
+        " 'Expiration': soon.isoformat()}))\n"
+    )
+    config = tmp_path / "config"
+    config.write_text(f"[profile rotating]\ncredential_process = {sys.executable} {script}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "rotating")
+    lake = Lake(minio_settings_for(minio, f"refresh-{os.getpid()}", secret_key=None))
+    first = lake.access.keys()
+    lake.s3_client().list_objects_v2(Bucket=TEST_BUCKET, MaxKeys=1)
+    second = lake.access.keys()
+    assert first.access_key != second.access_key  # expired: the chain asked again
+    from deltalake import write_deltalake
+
+    write_deltalake(lake.uri("t"), pa.table({"a": [1, 2]}), storage_options=lake.storage_options)
+    assert lake.open("t").version() == 0
+    assert len(calls.read_text()) >= 3
+    assert lake.access.describe_credentials().endswith("(custom-process)")
