@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean docs docs-check
+.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean docs docs-check deploy-check
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ docs: venv  ## regenerate the configuration table and the CLI reference in docs/
 
 docs-check: venv  ## check the docs: relative links and anchors, generated parts up to date
 	$(PY) tools/docs.py check
+
+deploy-check:  ## Helm chart offline: lint, render (default and ci/ values), validate against Kubernetes schemas (helm, kubernetes-validate cached in ~/.cache/deltabus)
+	bash platform/deploy-check.sh check
 
 format: venv
 	$(PY) -m ruff check --fix .
