@@ -134,7 +134,7 @@ class Settings(BaseSettings):
     # may hold user:password, so it is a secret. None: `deltabus opensearch up` starts one.
     opensearch_url: SecretStr | None = None
     # Port of this process's health endpoint for probes (GET /healthz, /readyz on 0.0.0.0,
-    # deltabus.core.health); None serves none. `deltabus --health-port` wins over it.
+    # deltabus.core.health); unset: none is served. `deltabus --health-port` wins over it.
     health_port: int | None = Field(None, ge=1, le=65535)
 
     @field_validator("prefix")
