@@ -24,6 +24,7 @@ from deltabus.core.version import __version__ as __version__
 
 __all__ = [
     "Batch",
+    "BufferFullError",
     "Bus",
     "ConfigError",
     "Consumer",
@@ -39,6 +40,7 @@ __all__ = [
     "StreamSettings",
     "Transform",
     "connect",
+    "key_partition",
     "partition_table",
     "position_marker",
 ]
@@ -46,6 +48,7 @@ __all__ = [
 # Imported on first use, so that `import deltabus` stays light for the CLI.
 _HOMES = {
     "Batch": "deltabus.bus.consumer",
+    "BufferFullError": "deltabus.bus.producer",
     "Bus": "deltabus.bus.client",
     "ConfigError": "deltabus.core.errors",
     "Consumer": "deltabus.bus.consumer",
@@ -61,6 +64,7 @@ _HOMES = {
     "StreamSettings": "deltabus.bus.streams",
     "Transform": "deltabus.bus.transform",
     "connect": "deltabus.bus.client",
+    "key_partition": "deltabus.bus.partitioning",
     "partition_table": "deltabus.bus.partitions",
     "position_marker": "deltabus.bus.positions",
 }
@@ -69,9 +73,10 @@ if TYPE_CHECKING:
     from deltabus.bus.client import Bus, connect
     from deltabus.bus.consumer import Batch, Consumer
     from deltabus.bus.fence import FencedError
+    from deltabus.bus.partitioning import key_partition
     from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
     from deltabus.bus.positions import position_marker
-    from deltabus.bus.producer import Producer, RecordError
+    from deltabus.bus.producer import BufferFullError, Producer, RecordError
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform
     from deltabus.core.errors import ConfigError, DeltabusError, StorageError

@@ -37,7 +37,12 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 TEST_BUCKET = "deltabus-test"
 pytest_plugins = ["tests.pg_fixture", "tests.store_fixture", "tests.opensearch_fixture"]
 # Settings variables the tests read as their own controls, not as the lake's settings.
-TEST_CONTROLS = frozenset({"DELTABUS_RETRY_MAX_WAIT_S"})
+# Set by the tests themselves: the AWS chain reads no file and no metadata service of the
+# user's.
+AWS_ISOLATION = frozenset(
+    {"AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED"}
+)
+TEST_CONTROLS = frozenset({"DELTABUS_RETRY_MAX_WAIT_S", *AWS_ISOLATION})
 
 
 def settings_variables() -> frozenset[str]:

@@ -382,7 +382,7 @@ def test_streams_from_the_command_line(minio_lake: Lake, tmp_path: Path) -> None
     assert described.returncode == 0, described.stderr
     partitions = json.loads(described.stdout)["partitions"]
     assert set(partitions) == {f"orders-p{i}" for i in range(4)}
-    assert all(p["lag"] == 0 for p in partitions.values())
+    assert all(p["lag"] == 0 for p in partitions.values()), partitions
     unknown = run_cli(["consume", "--stream", "clicks", "--group", "cli"], env, tmp_path)
     assert unknown.returncode == 2 and "no stream 'clicks'" in unknown.stderr
 

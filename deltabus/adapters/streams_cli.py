@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import date, datetime
+from enum import StrEnum
 from typing import IO, Annotated, Any
 
 import typer
@@ -103,6 +104,11 @@ def _print(value: object) -> None:
     print(json.dumps(value, default=str, indent=None if state.as_json else 2))
 
 
+class KeyHash(StrEnum):
+    crc32 = "crc32"
+    murmur2 = "murmur2"
+
+
 @streams_app.command("create")
 def streams_create(
     name: Annotated[str, typer.Argument(help="Stream name: lower-case letters, digits, '_'.")],
@@ -117,6 +123,14 @@ def streams_create(
     key: Annotated[
         str | None, typer.Option(help="Column whose value picks a record's partition.")
     ] = None,
+    partitioner: Annotated[
+        KeyHash,
+        typer.Option(
+            help="How a key is hashed: crc32 (CRC-32 of its UTF-8 text), or murmur2 (Kafka's "
+            "default partitioner: a key lands on the partition number it has in a Kafka "
+            "topic with as many partitions); fixed."
+        ),
+    ] = KeyHash.crc32,
     log_retention_s: Annotated[
         int | None,
         typer.Option(help="Keep log entries this long (default: the lake's log retention)."),
@@ -151,7 +165,12 @@ def streams_create(
             **{k: (getattr(recorded, k) if v is None else v) for k, v in given.items()}
         )
     stream = bus.create_stream(
-        name, parse_schema(schema), partitions=partitions, key=key, settings=settings
+        name,
+        parse_schema(schema),
+        partitions=partitions,
+        key=key,
+        settings=settings,
+        partitioner=partitioner.value,
     )
     _print(_described(stream))
 
@@ -222,8 +241,9 @@ def _record(line: str, number: int, types: dict[str, Any]) -> dict[str, Any]:
 def produce_stream(
     name: str, producer_id: str | None, commit_interval_ms: float, lines: IO[str]
 ) -> None:
-    """Send stdin's JSON lines to stream `name`; with a producer id seen before, the lines
-    it already committed are skipped (rerun with the same input to finish it)."""
+    """Send stdin's JSON lines to stream `name`, one record per non-blank line; with a
+    producer id seen before, the records it already committed are skipped, counted as
+    records, not lines (rerun with the same input to finish it)."""
     import pyarrow as pa
 
     from deltabus.bus.producer import RecordError
@@ -243,11 +263,14 @@ def produce_stream(
     health.mark_ready()
     skip = producer.committed
     if skip:
-        log.info("producer %s committed %d records before: skipping that many lines", pid, skip)
-    number = 0
+        log.info("producer %s committed %d records before: skipping that many", pid, skip)
+    number = records = 0
     try:
         for number, line in enumerate(lines, start=1):
-            if number <= skip or not line.strip():
+            if not line.strip():
+                continue
+            records += 1
+            if records <= skip:
                 continue
             try:
                 producer.send(_record(line, number, types))
@@ -279,6 +302,7 @@ def consume_stream(
         while max_records is None or written < max_records:
             batch = consumer.poll(0.5)
             if batch is None:
+                consumer.commit()  # past commits that changed no rows, if any were read
                 if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
                     break
                 continue

@@ -10,7 +10,13 @@ import pyarrow as pa
 from deltabus.bus.consumer import Consumer
 from deltabus.bus.fence import describe_owner, lease_holder
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
-from deltabus.bus.producer import DEFAULT_COMMIT_INTERVAL_MS, Producer
+from deltabus.bus.partitioning import Partitioner
+from deltabus.bus.producer import (
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_MAX_BLOCK_S,
+    DEFAULT_MAX_BUFFERED_RECORDS,
+    Producer,
+)
 from deltabus.bus.streams import (
     Stream,
     StreamSettings,
@@ -49,11 +55,13 @@ class Bus:
         partitions: int = 1,
         key: str | None = None,
         settings: StreamSettings | None = None,
+        partitioner: Partitioner = "crc32",
     ) -> Stream:
         """Declare stream `name` and create its partition tables; idempotent.
 
         Args and the rules of a second declaration (additive schema evolution only; the
-        partition count and key are fixed): `deltabus.bus.streams.create_stream`.
+        partition count, key and partitioner are fixed):
+        `deltabus.bus.streams.create_stream`.
 
         Returns:
             The stream as recorded.
@@ -62,7 +70,13 @@ class Bus:
             ConfigError: another declaration of `name` is recorded; nothing changes.
         """
         return create_stream(
-            self.lake, name, schema, partitions=partitions, key=key, settings=settings
+            self.lake,
+            name,
+            schema,
+            partitions=partitions,
+            key=key,
+            settings=settings,
+            partitioner=partitioner,
         )
 
     def stream(self, name: str) -> Stream:
@@ -83,6 +97,9 @@ class Bus:
         stream: str,
         producer_id: str,
         commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS,
+        *,
+        max_buffered_records: int = DEFAULT_MAX_BUFFERED_RECORDS,
+        max_block_s: float = DEFAULT_MAX_BLOCK_S,
     ) -> Producer:
         """A producer of `stream`, exactly once per `producer_id` across restarts.
 
@@ -93,11 +110,24 @@ class Bus:
                 twice.
             commit_interval_ms: how long a record may wait to be committed (0: only on
                 `flush()`).
+            max_buffered_records, max_block_s: `send` blocks while this many records
+                wait for their commit, at most `max_block_s`, then raises
+                `BufferFullError`.
+
+        Opening it fences an older producer of the same id (its next commit raises
+        `FencedError`).
 
         Raises:
             ConfigError: `stream` is not declared.
         """
-        return Producer(self.lake, self.stream(stream), producer_id, commit_interval_ms)
+        return Producer(
+            self.lake,
+            self.stream(stream),
+            producer_id,
+            commit_interval_ms,
+            max_buffered_records=max_buffered_records,
+            max_block_s=max_block_s,
+        )
 
     def consumer(
         self,

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from deltabus.bus import record_log
+from deltabus.bus.partitioning import PARTITIONERS, Partitioner
 from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
@@ -68,7 +69,9 @@ class Stream:
     settings.
 
     `key`: the column whose value a producer hashes to pick a record's partition when
-    `send` is given no key (None: records go to partitions in sticky spans)."""
+    `send` is given no key (None: records go to partitions in sticky spans).
+    `partitioner`: how a key is hashed (deltabus.bus.partitioning): `crc32`, or `murmur2`
+    for the partition numbers Kafka's default partitioner gives."""
 
     name: str
     schema: pa.Schema
@@ -76,6 +79,7 @@ class Stream:
     key: str | None = None
     revision: int = 0  # of the declaration in the lake (0: the first)
     settings: StreamSettings = StreamSettings()
+    partitioner: Partitioner = "crc32"
 
     def __post_init__(self) -> None:
         if not STREAM_NAME.fullmatch(self.name):
@@ -95,6 +99,11 @@ class Stream:
             raise ConfigError(
                 f"stream {self.name}: columns must have distinct names, none of "
                 f"{', '.join(sorted(RESERVED_COLUMNS))} (got {', '.join(names)})"
+            )
+        if self.partitioner not in PARTITIONERS:
+            raise ConfigError(
+                f"stream {self.name}: partitioner {self.partitioner!r} is not one of "
+                f"{', '.join(PARTITIONERS)}"
             )
         if self.key is not None and self.key not in names:
             raise ConfigError(
@@ -121,6 +130,7 @@ class Stream:
             ],
             "schema_ipc": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
             "settings": asdict(self.settings),
+            "partitioner": self.partitioner,
         }
 
     @classmethod
@@ -128,7 +138,8 @@ class Stream:
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema_ipc"])))
         settings = StreamSettings(**body.get("settings", {}))
         partitions, key = int(body["partitions"]), body.get("key")
-        return cls(body["name"], schema, partitions, key, revision, settings)
+        partitioner = body.get("partitioner", "crc32")  # declared before there was a choice
+        return cls(body["name"], schema, partitions, key, revision, settings, partitioner)
 
 
 def _prefix(name: str) -> str:
@@ -176,6 +187,7 @@ def create_stream(
     partitions: int = 1,
     key: str | None = None,
     settings: StreamSettings | None = None,
+    partitioner: Partitioner = "crc32",
 ) -> Stream:
     """Declare stream `name` and create its partition tables; idempotent.
 
@@ -185,6 +197,8 @@ def create_stream(
         schema: the Arrow schema of its records.
         partitions: how many tables (and Delta logs) carry it; fixed once declared.
         key: the column producers hash by default to choose a partition.
+        partitioner: how keys are hashed: `crc32`, or Kafka's `murmur2` (fixed once
+            declared).
         settings: log retention, checkpoint interval and compaction (None: as recorded,
             or the lake's for a new stream); other settings change the recorded ones.
 
@@ -199,7 +213,14 @@ def create_stream(
     Example:
         `create_stream(lake, "orders", pa.schema([("id", pa.int64())]), partitions=4)`
     """
-    wanted = Stream(name, schema, partitions, key, settings=settings or StreamSettings())
+    wanted = Stream(
+        name,
+        schema,
+        partitions,
+        key,
+        settings=settings or StreamSettings(),
+        partitioner=partitioner,
+    )
     store = lake.object_store
     while True:
         current = record_log.latest(store, _prefix(name))
@@ -230,6 +251,12 @@ def _added_columns(recorded: Stream, wanted: Stream) -> list[pa.Field]:
             f"stream {name} has {recorded.partitions} partitions, not {wanted.partitions}; "
             "partitions are not added or removed in place",
             f"declare it with {recorded.partitions}, or declare a stream of another name",
+        )
+    if wanted.partitioner != recorded.partitioner:
+        raise ConfigError(
+            f"stream {name} hashes keys with {recorded.partitioner}, not {wanted.partitioner}",
+            f"declare it with partitioner {recorded.partitioner!r}, or declare a stream of "
+            "another name",
         )
     if wanted.key != recorded.key:
         raise ConfigError(
