@@ -209,7 +209,10 @@ def test_the_dagster_code_location_serves_grpc_for_the_k8s_run_launcher(
     c = container(deployment)
     assert c["command"][:3] == ["dagster", "api", "grpc"]
     assert c["command"][c["command"].index("--port") + 1] == "3030"
-    assert c["command"][c["command"].index("--python-file") + 1] == "definitions.py"
+    assert (
+        c["command"][c["command"].index("--python-file") + 1] == "/opt/dagster/app/definitions.py"
+    )
+    assert c["workingDir"] == "/opt/dagster/app"
     env = env_of(deployment)
     assert env["DAGSTER_CURRENT_IMAGE"]["value"] == c["image"]
     context = json.loads(env["DAGSTER_CLI_API_GRPC_CONTAINER_CONTEXT"]["value"])["k8s"]
