@@ -122,6 +122,30 @@ def local_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**lake_env(Lake(settings)), **extra}
 
 
+def test_producer_and_consumer_report_ready(tmp_path: Path) -> None:
+    env = local_env(tmp_path)
+    created = run_cli(["streams", "create", "orders", "--schema", "id:int64"], env, tmp_path, 60)
+    assert created.returncode == 0, created.stderr
+    producer_port, consumer_port = free_port(), free_port()
+    producer = start(
+        ["--health-port", str(producer_port), "produce", "--rate", "100", "--duration", "600"],
+        env,
+        tmp_path,
+    )
+    consumer = start(
+        ["--health-port", str(consumer_port), "consume", "--stream", "orders", "--group", "g"],
+        env,
+        tmp_path,
+    )
+    try:
+        for port, process in ((producer_port, producer), (consumer_port, consumer)):
+            wait_for(port, "/readyz", 200, process)
+            assert get(port, "/healthz") == (200, "ok\n")
+    finally:
+        for process in (producer, consumer):
+            stop(process)
+
+
 @pytest.mark.parametrize("port", ["0", "70000", "two"])
 def test_an_invalid_health_port_is_exit_2_naming_the_option(tmp_path: Path, port: str) -> None:
     result = run_cli(["--health-port", port, "check"], local_env(tmp_path), tmp_path, 60)
