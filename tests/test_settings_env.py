@@ -40,6 +40,7 @@ def every_field_changed(tmp_path: Path) -> Settings:
         postgres_dsn=SecretStr("postgresql://someone:pg-s3cr3t@127.0.0.1:5999/served"),
         opensearch_url=SecretStr("http://someone:os-s3cr3t@127.0.0.1:9299"),
         health_port=9464,
+        metrics_port=9465,
     )
     defaults = Settings.model_construct()
     same = [f for f in Settings.model_fields if getattr(changed, f) == getattr(defaults, f)]
@@ -61,9 +62,10 @@ def test_child_environment_reproduces_every_setting(
         if key.startswith("DELTABUS_"):
             monkeypatch.setenv(key, value)
     rebuilt = load_settings()  # exactly what a child process does
-    # All but the health port: it is one process's, a child would find it taken.
+    # All but the health and metrics ports: one process's, a child would find them taken.
     assert "DELTABUS_HEALTH_PORT" not in env
-    assert rebuilt == original.model_copy(update={"health_port": None})
+    assert "DELTABUS_METRICS_PORT" not in env
+    assert rebuilt == original.model_copy(update={"health_port": None, "metrics_port": None})
 
 
 def test_child_environment_drops_the_parents_lake_variables(

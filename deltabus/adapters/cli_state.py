@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deltabus.core import health, retry
+from deltabus.core import health, metrics, retry
 from deltabus.core.errors import ConfigError
 from deltabus.core.settings import Settings, load_settings
 from deltabus.delta.lake import Lake
@@ -22,6 +22,7 @@ class State:
     prefix: str | None = None
     as_json: bool = False
     health_port: int | None = None  # --health-port; wins over DELTABUS_HEALTH_PORT
+    metrics_port: int | None = None  # --metrics-port; wins over DELTABUS_METRICS_PORT
     settings: Settings | None = None  # once loaded: names the lake in storage errors
 
 
@@ -40,6 +41,9 @@ def settings() -> Settings:
     port = state.health_port if state.health_port is not None else s.health_port
     if port is not None:  # from here on /healthz answers; /readyz once the command is ready
         health.serve(port)
+    port = state.metrics_port if state.metrics_port is not None else s.metrics_port
+    if port is not None:
+        metrics.serve(port)
     return s
 
 

@@ -21,11 +21,13 @@ import pyarrow as pa
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease, assignment
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
+from deltabus.core import metrics
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)
+LAG_EXPORT_S = 5.0  # lag gauges are refreshed at most this often (a log listing each)
 
 STARTS = ("beginning", "end")
 
@@ -50,6 +52,8 @@ class _Held:
     lease: Lease
     tail: DeltaLogTail
     next_version: int  # to read next: returned batches end before it
+    read_rows: int = 0  # rows returned since the last committed position
+    read_at_ms: int = 0  # commit timestamp of the newest batch returned
 
 
 class Consumer:
@@ -93,6 +97,7 @@ class Consumer:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._next = 0  # round robin over held partitions
+        self._lag_exported = float("-inf")
         self._closed = False
         self.group.heartbeat()
         self.rebalance()
@@ -210,6 +215,10 @@ class Consumer:
             names = held.stream.schema.names
             data = rows.select([n for n in names if n in rows.column_names])
             data = data.append_column("diff", rows.column("_diff").cast(pa.int64()))
+            held.read_rows += data.num_rows
+            held.read_at_ms = commit.timestamp_ms
+            age_s = max(0.0, time.time() - commit.timestamp_ms / 1000)
+            metrics.LATENCY.labels(metrics.component()).observe(age_s)
             return Batch(held.stream.name, held.partition, version, commit.timestamp_ms, data)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -227,7 +236,24 @@ class Consumer:
         with self._lock:
             for table, held in list(self.held.items()):
                 if held.next_version != held.lease.position:
-                    self._write(table, held.next_version)
+                    if self._write(table, held.next_version):
+                        held.read_rows = 0
+            self._export_lag()
+
+    def _export_lag(self) -> None:
+        """Set the lag gauges of the held partitions (one log listing each), when metrics
+        are served and at most every LAG_EXPORT_S."""
+        now = time.monotonic()
+        if not metrics.served() or now - self._lag_exported < LAG_EXPORT_S:
+            return
+        self._lag_exported = now
+        for table, held in self.held.items():
+            behind = max(0, self._latest(table) + 1 - held.lease.position)
+            labels = (self.group.name, table)
+            metrics.LAG_VERSIONS.labels(*labels).set(behind)
+            metrics.LAG_RECORDS.labels(*labels).set(held.read_rows)
+            age = time.time() - held.read_at_ms / 1000 if behind and held.read_at_ms else 0.0
+            metrics.LAG_SECONDS.labels(*labels).set(max(0.0, age))
 
     def seek(self, where: str | int) -> None:
         """Read every held partition again from "beginning", from "end" (only what lands

@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from deltabus.core import metrics
 from deltabus.core.errors import DeltabusError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.tables import find_commit, is_commit_conflict, meta, metadata
@@ -83,6 +84,7 @@ class Lease:
             return
         owner = epoch_owner(dt, newest)
         writer = self.owner.get("writer", "ETL")
+        metrics.FENCED.labels(metrics.component()).inc()
         raise FencedError(
             f"another {writer} took over {self.table} (epoch {newest}: "
             f"{describe_owner(owner)}); this {writer} (epoch {self.epoch}) stopped without "

@@ -40,6 +40,7 @@ from deltabus.bus.fence import FencedError
 from deltabus.bus.partitioning import key_partition
 from deltabus.bus.streams import Stream, show_schema
 from deltabus.bus.writers import close_writers, open_writers
+from deltabus.core import metrics
 from deltabus.core.errors import ConfigError, DeltabusError
 from deltabus.core.intervals import check_interval
 from deltabus.delta.append import TableAppender
@@ -195,6 +196,7 @@ class Producer:
         return check
 
     def _fenced(self, epoch: int) -> FencedError:
+        metrics.FENCED.labels(metrics.component()).inc()
         return FencedError(
             f"another producer with id {self.producer_id} opened stream {self.stream.name} "
             f"after this one (epoch {epoch}): this one stopped; what it had not committed "

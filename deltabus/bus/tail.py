@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from deltabus.core import hedge
+from deltabus.core import hedge, metrics
 from deltabus.core.errors import DeltabusError, StorageError, user_storage_error
 from deltabus.core.retry import is_transient
 from deltabus.delta.lake import Lake
@@ -364,6 +364,8 @@ class DeltaLogTail:
             return None
         table = concat(parts)
         n = table.num_rows
+        metrics.RECORDS.labels(metrics.component(), self.table, "in").inc(n)
+        metrics.BYTES.labels(metrics.component(), self.table, "in").inc(table.nbytes)
         if commit.change or commit.reread is not None:
             diff = table.column("_diff").to_numpy()
             log.info(

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TypeVar
 
+from deltabus.core import metrics
 from deltabus.core.errors import ConfigError, DeltabusError, exception_chain, user_storage_error
 
 T = TypeVar("T")
@@ -293,6 +294,7 @@ def retry_storage(
         except Exception as exc:  # noqa: BLE001 - classified below
             attempt += 1
             if also_retry is not None and also_retry(exc) and time.monotonic() < deadline:
+                metrics.RETRIES.labels(metrics.component(), "conflict").inc()
                 log.debug("%s: %s; retrying", what, exc)
                 time.sleep(random.uniform(0.001, 0.005 * min(attempt, 10)))
                 continue
@@ -311,6 +313,7 @@ def retry_storage(
                         "then start again",
                     ) from exc
                 raise
+            metrics.RETRIES.labels(metrics.component(), "outage").inc()
             first_line = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             log.warning(
                 "storage unavailable during %s (attempt %d, %s); retrying in %.1fs",

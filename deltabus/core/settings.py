@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     # Port of this process's health endpoint for probes (GET /healthz, /readyz on 0.0.0.0,
     # deltabus.core.health); unset: none is served. `deltabus --health-port` wins over it.
     health_port: int | None = Field(None, ge=1, le=65535)
+    # Port of this process's Prometheus endpoint (GET /metrics on 0.0.0.0,
+    # deltabus.core.metrics); unset: none is served. `deltabus --metrics-port` wins over it.
+    metrics_port: int | None = Field(None, ge=1, le=65535)
 
     @field_validator("prefix")
     @classmethod

@@ -42,7 +42,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-from deltabus.core import hedge
+from deltabus.core import hedge, metrics
 from deltabus.core.retry import retry_storage
 from deltabus.core.version import __version__
 from deltabus.delta.checkpoints import NO_POST_COMMIT_HOOKS, BackgroundCheckpointer
@@ -290,10 +290,22 @@ class TableAppender:
         """Append `data` as commit `seq` of writer `app_id`, exactly once (see
         `append_once`, whose contract this keeps). Returns False when the commit
         had already landed. A table that needs more than a plain append, or that another
-        writer changed so, is appended by delta-rs."""
+        writer changed so, is appended by delta-rs. Counted in the process's metrics."""
         request = _Append(data, app_id, seq, custom_metadata, what, markers, checkpointer, fence)
         if checkpointer is not None:
             self.checkpointer = checkpointer
+        started = time.monotonic()
+        landed = self._append(request)
+        if landed:
+            who = metrics.component()
+            metrics.COMMIT_SECONDS.labels(who).observe(time.monotonic() - started)
+            metrics.COMMITS.labels(who, self.table).inc()
+            if data.num_rows:
+                metrics.RECORDS.labels(who, self.table, "out").inc(data.num_rows)
+                metrics.BYTES.labels(who, self.table, "out").inc(data.nbytes)
+        return landed
+
+    def _append(self, request: _Append) -> bool:
         if self.fast:
             try:
                 return self._fast_append_once(request)

@@ -120,7 +120,9 @@ def serve_opensearch(
     from deltabus.adapters.serving.opensearch import OpenSearchSink
     from deltabus.adapters.serving.opensearch_target import check_index_name
     from deltabus.adapters.serving.sink_loop import ServeConfig
+    from deltabus.core import metrics
 
+    metrics.set_component("serve-opensearch")
     if not 1 <= max_versions <= 10_000:
         raise ConfigError("--max-versions must be 1..10000")
     if not 1 <= refresh_interval_ms <= 60_000:

@@ -30,7 +30,7 @@ import pyarrow as pa
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.bus.pacing import Pacer
 from deltabus.bus.tail import Commit, DeltaLogTail
-from deltabus.core import health
+from deltabus.core import health, metrics
 from deltabus.core.errors import ConfigError, DeltabusError
 from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS
 from deltabus.core.retry import retry_storage
@@ -324,6 +324,11 @@ class SinkLoop(ABC):
             self._reconnect(exc)
             return
         self.position = last.version
+        who = metrics.component()
+        metrics.RECORDS.labels(who, self.target.table, "out").inc(
+            applied.inserted + applied.deleted
+        )
+        metrics.COMMITS.labels(who, self.target.table).inc()
         self._commits_applied(applied, commits)
 
     def _reconnect(self, exc: BaseException) -> None:
