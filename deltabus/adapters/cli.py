@@ -265,6 +265,12 @@ class CorruptFileAction(StrEnum):
     skip = "skip"
 
 
+class LeaseChildren(StrEnum):
+    per_partition = "per-partition"
+    per_set = "per-set"
+    per_batch = "per-batch"
+
+
 @app.command()
 @needs_extra("pathway", "deltabus etl")
 def etl(
@@ -305,6 +311,49 @@ def etl(
         int, typer.Option(help="ETL processes sharing the partitions (1..P).")
     ] = 1,
     partitions: PartitionsOption = None,
+    lease: Annotated[
+        bool,
+        typer.Option(
+            "--lease",
+            help="Continuous mode: share the partitions with the lake's other --lease ETLs "
+            "by leases in the lake (consumer group etl.timezone_unified), with no "
+            "--process/--processes: take free partitions, hand some over when a replica "
+            "joins, take a dead one's within the lease time. Runs the ETL of the "
+            "partitions it holds as child processes, each its own single-machine Pathway "
+            "program. SIGTERM leaves the group at once.",
+        ),
+    ] = False,
+    lease_ttl_s: Annotated[
+        float,
+        typer.Option(
+            help="With --lease: the lease time. A replica not heard from for this long "
+            "loses its partitions to the others (1 .. 600 s).",
+        ),
+    ] = 10.0,
+    lease_children: Annotated[
+        LeaseChildren,
+        typer.Option(
+            help="With --lease: one ETL child per batch of partitions taken together (a "
+            "child that must give one up restarts with the rest), one per partition, or one "
+            "for the whole held set (restarted whenever the set changes).",
+        ),
+    ] = LeaseChildren.per_batch,
+    lease_spare: Annotated[
+        bool,
+        typer.Option(
+            help="With --lease: keep a spare ETL child waiting with Pathway loaded, so a "
+            "partition taken over starts processing without Pathway's start-up time.",
+        ),
+    ] = True,
+    partition_list: Annotated[
+        str | None,
+        typer.Option(
+            help="Run exactly these partitions (comma-separated indices, e.g. 0,2) instead "
+            "of --process/--processes; '-': read them as one line from stdin once Pathway "
+            "is loaded (a --lease ETL's spare child).",
+        ),
+    ] = None,
+    parent_pid: Annotated[int | None, typer.Option(hidden=True)] = None,
     on_corrupt_file: Annotated[
         CorruptFileAction | None,
         typer.Option(
@@ -318,9 +367,30 @@ def etl(
     ] = None,
 ) -> None:
     """Run the Pathway ETL: tail both inputs, parse dates, write timezone_unified."""
-    from deltabus.apps.timezones.etl.pipeline import EtlConfig, run_etl
+    from deltabus.apps.timezones.etl.config import EtlConfig
     from deltabus.core.pipes import report_to_dagster
 
+    only = None
+    if lease or partition_list is not None:
+        from deltabus.adapters.etl_lease import SPARE, follow_parent, parse_partition_list
+
+        given = "--lease" if lease else "--partition-list"
+        if process != 0 or processes != 1:
+            raise ConfigError(
+                f"{given} and --process/--processes both say which partitions to run",
+                f"give one of them: {given}, or --process and --processes",
+            )
+        if lease and mode is not EtlMode.continuous:
+            raise ConfigError(
+                "--lease runs until stopped: it needs --mode continuous",
+                "add --mode continuous, or run a bounded ETL without --lease",
+            )
+        if lease and partition_list is not None:
+            raise ConfigError("--lease decides the partitions itself", "leave out --partition-list")
+        if partition_list is not None and partition_list != SPARE:
+            only = parse_partition_list(partition_list)
+        if parent_pid is not None:
+            follow_parent(parent_pid)
     config = EtlConfig(
         bounded=mode is EtlMode.bounded,
         commit_interval=from_ms(commit_interval_ms),
@@ -331,9 +401,35 @@ def etl(
         process=process,
         processes=processes,
         partitions=partitions,
+        only=only,
         on_corrupt_file=on_corrupt_file.value if on_corrupt_file else None,
     )
+    if lease:
+        from deltabus.adapters.etl_lease import LeaseConfig, lease_etl
+
+        lease_config = LeaseConfig(lease_ttl_s, lease_children.value, lease_spare)
+        child_args = [
+            *("--commit-interval-ms", str(commit_interval_ms)),
+            *("--poll-interval-ms", str(poll_interval_ms), "--threads", str(threads)),
+            *(["--on-corrupt-file", on_corrupt_file.value] if on_corrupt_file else []),
+        ]
+        emit(
+            "ETL lease report",
+            lease_etl(lake(write=True), config, child_args, lease_config, ready_file),
+        )
+        return
+    from deltabus.apps.timezones.etl.pipeline import run_etl
+
     lk = lake(write=True)
+    if partition_list == "-":  # a spare: Pathway is loaded now, the partitions come next
+        from dataclasses import replace
+
+        from deltabus.adapters.etl_lease import await_partitions
+
+        given = await_partitions(ready_file)
+        if given is None:
+            return  # dismissed before it had partitions
+        config = replace(config, only=given)
     report = run_etl(lk, config, ready_file=ready_file)
     emit("ETL report", report.as_dict())
     report_to_dagster(

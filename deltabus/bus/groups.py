@@ -181,6 +181,110 @@ class Group:
         }
 
 
+@dataclass(frozen=True)
+class Changes:
+    """What one `Membership.step` changed.
+
+    taken: partitions this member took; lost: partitions it held whose lease another
+    member now has, or whose lease ended before a renewal landed (stop using them at
+    once); unwanted: partitions it holds that are dealt to another member (stop using
+    them, then `release` them).
+    """
+
+    taken: list[str]
+    lost: list[str]
+    unwanted: list[str]
+
+
+class Membership:
+    """A member holding the partitions dealt to it, for a caller that does the work itself
+    (a supervisor of child processes, say) and calls `step()` every `tick_s` seconds.
+
+    Each step heartbeats when a third of the lease time has passed since the last, deals
+    `partitions` to the live members (`assignment`), takes those dealt to this member that
+    are free or whose lease ended, and renews every held lease that is half spent, those
+    dealt to others too until the caller releases them. `step` never blocks on the
+    caller's work: the caller stops using an unwanted partition, then calls `release`, so
+    the next holder never overlaps it. `leave()` releases everything and removes the
+    heartbeat, so the others take over at their next step rather than after `ttl`.
+    """
+
+    def __init__(self, group: Group, partitions: list[str], start_position: int = 0) -> None:
+        if not partitions:
+            raise ConfigError(f"group {group.name}: there are no partitions to share")
+        self.group = group
+        self.partitions = sorted(partitions)
+        self.start_position = start_position
+        self.held: dict[str, Lease] = {}
+        self.tick_s = min(max(group.ttl_ms / 6000, 0.2), 2.0)
+        self._last_heartbeat = 0.0
+
+    @property
+    def member(self) -> str:
+        return self.group.member
+
+    def heartbeat(self) -> None:
+        """Say this member is alive now (steps do it when a third of `ttl` has passed)."""
+        self.group.heartbeat()
+        self._last_heartbeat = time.monotonic()
+
+    def step(self, take: bool = True) -> Changes:
+        """Heartbeat, take (unless `take` is False: a member on its way out), renew (see
+        the class); one LIST and, per partition that changes hands or is due for renewal,
+        one conditional PUT."""
+        if time.monotonic() - self._last_heartbeat >= self.group.ttl_ms / 3000:
+            self.heartbeat()
+        wanted = set(assignment(self.partitions, self.group.live_members(), self.member))
+        lost = [t for t in sorted(self.held) if not self._renew_if_due(t)]
+        taken = []
+        for table in sorted(wanted - set(self.held) if take else ()):
+            lease = self.group.take(table, self.start_position)
+            if lease is not None:
+                self.held[table] = lease
+                taken.append(table)
+                log.info("group %s: %s took %s", self.group.name, self.member, table)
+        return Changes(taken, lost, sorted(set(self.held) - wanted))
+
+    def _renew_if_due(self, table: str) -> bool:
+        lease = self.held[table]
+        if lease.expires_ms - now_ms() < self.group.ttl_ms / 2:
+            return self.renew(table)
+        return True
+
+    def renew(self, table: str) -> bool:
+        """Renew the lease on `table` now; False (and the partition dropped) when the lease
+        was lost: another member wrote its next revision, or it ended before this one
+        could write it (an outage, a stall), so another member may hold it."""
+        lease = self.held[table]
+        try:
+            renewed = self.group.write(lease, table, self.member, lease.position)
+        except Exception as exc:  # noqa: BLE001 - an outage: the lease may lapse, said
+            log.warning("group %s: renewing %s failed (%s)", self.group.name, table, exc)
+            renewed = lease if lease.expires_ms > now_ms() else None
+        if renewed is None or renewed.expires_ms <= now_ms():
+            del self.held[table]
+            log.warning("group %s: %s lost its lease on %s", self.group.name, self.member, table)
+            return False
+        self.held[table] = renewed
+        return True
+
+    def release(self, table: str) -> None:
+        """Give up `table` (held): its next revision names no holder."""
+        lease = self.held.pop(table)
+        try:
+            self.group.write(lease, table, None, lease.position)
+        except Exception as exc:  # noqa: BLE001 - an unreleased lease ends by itself
+            log.warning("group %s: releasing %s failed (%s)", self.group.name, table, exc)
+            return
+        log.info("group %s: %s released %s", self.group.name, self.member, table)
+
+    def leave(self) -> None:
+        """Release every held partition and remove this member's heartbeat."""
+        for table in sorted(self.held):
+            self.release(table)
+        self.group.leave()
+
+
 def list_groups(lake: Lake) -> list[str]:
     """The groups with members or positions in the lake (one LIST), sorted."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pathway as pw
 
+from deltabus.apps.timezones.etl.config import EtlConfig as EtlConfig
 from deltabus.apps.timezones.etl.dates import unify_chunk
 from deltabus.apps.timezones.etl.positions import recorded_finished_runs
 from deltabus.apps.timezones.etl.rejects import RejectsWriter
@@ -29,59 +30,12 @@ from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
 from deltabus.core import health
 from deltabus.core.errors import ConfigError
 from deltabus.core.gctune import tune_gc_for_streaming
-from deltabus.core.intervals import (
-    DEFAULT_COMMIT_INTERVAL_MS,
-    DEFAULT_POLL_INTERVAL_MS,
-    check_interval,
-)
 from deltabus.core.retry import retry_storage, stop_waiting_on
 from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)
 
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S.%f %z"
-# What the ETL does with an input data file that cannot be read as Parquet.
-CORRUPT_FILE_ACTIONS = ("stop", "skip")
-
-
-@dataclass(frozen=True)
-class EtlConfig:
-    bounded: bool = True
-    commit_interval: float = DEFAULT_COMMIT_INTERVAL_MS / 1000
-    poll_interval: float = DEFAULT_POLL_INTERVAL_MS / 1000
-    expected_producers: int = 1
-    # Bounded mode: stop at these producer runs' finish markers, not at a count of runs.
-    until_runs: frozenset[str] = frozenset()
-    # Pathway commits an output's inputs every tick_ms while rows are on their way to it,
-    # none while idle (deltabus.apps.timezones.etl.ticker).
-    tick_ms: int = 10
-    threads: int = 1
-    # This ETL is process `process` of `processes`, and owns the partitions i with
-    # i mod processes == process (deltabus.apps.timezones.layout); 0 of 1 owns them all.
-    process: int = 0
-    processes: int = 1
-    # Partitions per stream when the lake has no layout yet (an ETL started before its
-    # producer); None: the lake's layout.
-    partitions: int | None = None
-    # An input data file that cannot be read as Parquet: "stop" (exit 2 naming the table,
-    # the version and the file; nothing of that version is written) or "skip" (the file
-    # is left out, logged and counted in `EtlReport.skipped_files`). None: the lake
-    # settings' `on_corrupt_file` (DELTABUS_ON_CORRUPT_FILE).
-    on_corrupt_file: str | None = None
-
-    def __post_init__(self) -> None:
-        check_interval(self.commit_interval, "commit interval")
-        check_interval(self.poll_interval, "poll interval")
-        if not 1 <= self.threads <= 64:
-            raise ConfigError(f"threads must be 1..64, got {self.threads}")
-        if self.expected_producers < 1:
-            raise ConfigError("expected producers must be at least 1")
-        if self.on_corrupt_file is not None and self.on_corrupt_file not in CORRUPT_FILE_ACTIONS:
-            raise ConfigError(
-                f"on corrupt file must be one of {', '.join(CORRUPT_FILE_ACTIONS)}, "
-                f"got {self.on_corrupt_file!r}",
-                "use --on-corrupt-file stop (the default) or --on-corrupt-file skip",
-            )
 
 
 @dataclass
@@ -220,6 +174,14 @@ def run_etl(
     stop = stop or threading.Event()
     layout = ensure_layout(lake, config.partitions) if config.partitions else read_layout(lake)
     owned = layout.owned(config.process, config.processes)
+    if config.only is not None:
+        if not config.only or not all(0 <= i < layout.partitions for i in config.only):
+            raise ConfigError(
+                f"partitions {list(config.only)} are not partitions of this lake, which "
+                f"has {layout.partitions} per stream",
+                f"give partitions 0..{layout.partitions - 1}",
+            )
+        owned = sorted(set(config.only))
     mode = "bounded" if config.bounded else "continuous"
     ready_once = threading.Lock()
     epochs: dict[str, int] = {}
