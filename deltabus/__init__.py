@@ -32,6 +32,7 @@ __all__ = [
     "FencedError",
     "Lake",
     "MAX_PARTITIONS",
+    "OffsetOutOfRangeError",
     "Producer",
     "RecordError",
     "StorageError",
@@ -56,6 +57,7 @@ _HOMES = {
     "FencedError": "deltabus.bus.fence",
     "Lake": "deltabus.delta.lake",
     "MAX_PARTITIONS": "deltabus.bus.partitions",
+    "OffsetOutOfRangeError": "deltabus.core.errors",
     "Producer": "deltabus.bus.producer",
     "RecordError": "deltabus.bus.producer",
     "StorageError": "deltabus.core.errors",
@@ -79,7 +81,12 @@ if TYPE_CHECKING:
     from deltabus.bus.producer import BufferFullError, Producer, RecordError
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform
-    from deltabus.core.errors import ConfigError, DeltabusError, StorageError
+    from deltabus.core.errors import (
+        ConfigError,
+        DeltabusError,
+        OffsetOutOfRangeError,
+        StorageError,
+    )
     from deltabus.delta.lake import Lake
 
 

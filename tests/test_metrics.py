@@ -114,6 +114,31 @@ def test_a_running_etl_counts_what_it_reads_and_writes(minio_lake: Lake, tmp_pat
     assert total(samples, "deltabus_bytes_total", component="etl", direction="out") > 0
 
 
+def test_a_lease_replica_shows_its_children_counts(minio_lake: Lake, tmp_path: Path) -> None:
+    """`etl --lease` runs Pathway children; its /metrics sums what they wrote (component
+    etl) beside its own (component etl-lease)."""
+    env = lake_env(minio_lake)
+    produced = run_cli(
+        ["produce", "--rate", "1000", "--duration", "1", "--partitions", "2"], env, tmp_path
+    )
+    assert produced.returncode == 0, produced.stderr[-2000:]
+    port = free_port()
+    args = ["--metrics-port", str(port), "etl", "--mode", "continuous", "--lease"]
+    replica = start([*args, "--lease-ttl-s", "3"], env, tmp_path)
+    try:
+        samples = wait_until(
+            port,
+            replica,
+            lambda s: total(s, "deltabus_records_total", component="etl", direction="out") >= 1000,
+            timeout=180,
+        )
+    finally:
+        stop(replica)
+    assert total(samples, "deltabus_records_total", component="etl", direction="out") == 1000
+    assert total(samples, "deltabus_commits_total", component="etl") >= 2  # both partitions
+    assert not total(samples, "deltabus_records_total", component="etl-lease")
+
+
 def test_a_consumer_counts_its_records_latency_and_lag(minio_lake: Lake, tmp_path: Path) -> None:
     env = lake_env(minio_lake)
     created = run_cli(

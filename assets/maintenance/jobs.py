@@ -16,6 +16,7 @@ from assets.common import markdown_table
 from deltabus.apps.timezones.contracts import INPUT_TABLES, PIPELINE_TABLES, UNIFIED_TABLE
 from deltabus.bus.client import Bus
 from deltabus.delta.maintenance import maintain
+from deltabus.delta.retention import RetentionPolicy
 from resources.lake import LakeResource
 from resources.s3 import list_table_objects
 
@@ -29,11 +30,15 @@ class MaintenanceConfig(Config):
     )
     tables: list[str] = Field(default=list(PIPELINE_TABLES), description="Tables to maintain.")
     streams: bool = Field(
-        default=True, description="Also every table of every stream declared in the lake."
+        default=True,
+        description="Also every declared stream, as its settings ask (retention, compaction).",
     )
 
 
-@op(description="Compact small files, checkpoint the Delta log and vacuum old files.")
+@op(
+    description="Drop records past their retention, compact small files, checkpoint the "
+    "Delta log and vacuum old files."
+)
 def maintain_lake(
     context: OpExecutionContext, config: MaintenanceConfig, lake: LakeResource, s3: S3Resource
 ) -> None:
@@ -44,14 +49,15 @@ def maintain_lake(
             s3.get_client(), lk.settings.bucket, lk.settings.prefix
         )
     before = listing() if listing else {}
-    tables, uncompacted = list(config.tables), set()
-    if config.streams:
-        bus = Bus(lk)
-        for stream in (bus.stream(n) for n in bus.streams()):
-            tables += [t for t in stream.tables if t not in tables]
-            if not stream.settings.compaction:
-                uncompacted.update(stream.tables)
-    results = maintain(lk, tuple(tables), config.retention_hours, frozenset(uncompacted))
+    bus = Bus(lk)
+    streams = [bus.stream(n) for n in bus.streams()] if config.streams else []
+    in_streams = {t for stream in streams for t in stream.tables}
+    tables = tuple(t for t in config.tables if t not in in_streams)
+    unified = RetentionPolicy(max_age_s=lk.settings.unified_retention_s)  # a setting
+    results = maintain(lk, tables, config.retention_hours, retention={UNIFIED_TABLE: unified})
+    if streams:  # each as its own settings ask (deltabus.bus.maintenance)
+        done = bus.maintain(vacuum_retention_hours=config.retention_hours)
+        results += [table for stream in done for table in stream.tables]
     after = listing() if listing else {}
     rows = []
     for r in results:
@@ -69,6 +75,7 @@ def maintain_lake(
                     metadata={
                         "delta_version": r.version_after,
                         "files_compacted": r.files_compacted,
+                        "files_removed_by_retention": r.retention_files_removed,
                         "files_vacuumed": r.files_vacuumed,
                         "checkpoint_version": r.checkpoint_version,
                         **({"objects": row["objects_after"]} if listing else {}),
@@ -82,7 +89,10 @@ def maintain_lake(
     )
 
 
-@job(description="Hourly lake maintenance: compact, checkpoint, vacuum (retention in run config).")
+@job(
+    description="Hourly lake maintenance: retention, compaction, checkpoints, vacuum (vacuum's "
+    "retention in run config)."
+)
 def maintenance_job():
     maintain_lake()
 

@@ -233,6 +233,12 @@ class Start(StrEnum):
     end = "end"
 
 
+class OffsetReset(StrEnum):
+    earliest = "earliest"
+    latest = "latest"
+    error = "error"
+
+
 @app.command()
 def consume(
     stream: Annotated[list[str], typer.Option(help="Declared stream to read (repeatable).")],
@@ -248,11 +254,20 @@ def consume(
         float | None,
         typer.Option(help="Stop after this many seconds without a new record."),
     ] = None,
+    auto_offset_reset: Annotated[
+        OffsetReset,
+        typer.Option(
+            help="When the group's position fell behind the stream's retention (Kafka's "
+            "auto.offset.reset): go on from what lands next (latest, Kafka's default), "
+            "from the oldest version kept (earliest), both with a warning on stderr, or "
+            "stop with exit status 2 (error)."
+        ),
+    ] = OffsetReset.latest,
 ) -> None:
     """Write a stream's records to stdout as JSON lines (its columns, diff: +1 or -1 for a
     record another writer deleted, _stream, _partition, _version), as a member of a
     consumer group; the group's position is committed after each batch is written."""
-    consume_stream(stream, group, start.value, max_records, idle_exit_s)
+    consume_stream(stream, group, start.value, max_records, idle_exit_s, auto_offset_reset.value)
 
 
 class EtlMode(StrEnum):

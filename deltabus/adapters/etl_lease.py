@@ -48,7 +48,7 @@ from deltabus.apps.timezones.etl.config import EtlConfig
 from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
 from deltabus.bus.fence import current_epoch, epoch_owner
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Membership
-from deltabus.core import health
+from deltabus.core import health, metrics
 from deltabus.core.errors import ConfigError, DeltabusError
 from deltabus.core.processes import child_env
 from deltabus.delta.lake import Lake
@@ -373,13 +373,21 @@ class EtlSupervisor:
             *self.child_args,
         ]
         # stdout too goes to stderr: this replica's stdout carries its own report only.
+        extra = {}
+        if metrics.served():  # the children's counts show on this replica's /metrics
+            extra = metrics.children_dir(str(self._metrics_dir()))
         proc = subprocess.Popen(
             command,
-            env=child_env(self.lake.settings),
+            env=child_env(self.lake.settings, extra),
             stdout=sys.stderr.fileno(),
             stdin=subprocess.PIPE if partitions == SPARE else subprocess.DEVNULL,
         )
         return proc, ready
+
+    def _metrics_dir(self) -> Path:
+        path = self.run_dir / "metrics"
+        path.mkdir(exist_ok=True)
+        return path
 
     def _start(self, key: frozenset[int]) -> None:
         listed = ",".join(str(i) for i in sorted(key))
@@ -547,6 +555,7 @@ def lease_etl(
     `child_args` are the `deltabus etl` options every child gets. Returns its report."""
     layout = ensure_layout(lake, config.partitions) if config.partitions else read_layout(lake)
     verbose = logging.getLogger().isEnabledFor(logging.DEBUG)
+    metrics.set_component("etl-lease")  # its children count as `etl`
     supervisor = EtlSupervisor(
         lake, layout, child_args, lease, ready_file=ready_file, verbose=verbose
     )

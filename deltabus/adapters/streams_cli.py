@@ -104,6 +104,19 @@ def _print(value: object) -> None:
     print(json.dumps(value, default=str, indent=None if state.as_json else 2))
 
 
+RETENTION_S_OPTION = typer.Option(
+    help="Drop records committed more than this many seconds ago, as whole data files, at "
+    "lake maintenance (Kafka's retention.ms, in seconds; default: keep forever).",
+    min=1,
+)
+RETENTION_BYTES_OPTION = typer.Option(
+    help="Drop each partition table's oldest data files at lake maintenance until its "
+    "live files hold at most this many bytes (Kafka's retention.bytes; default: no "
+    "limit).",
+    min=1,
+)
+
+
 class KeyHash(StrEnum):
     crc32 = "crc32"
     murmur2 = "murmur2"
@@ -146,6 +159,8 @@ def streams_create(
             help="Whether lake maintenance compacts the stream's files (default: yes).",
         ),
     ] = None,
+    retention_s: Annotated[int | None, RETENTION_S_OPTION] = None,
+    retention_bytes: Annotated[int | None, RETENTION_BYTES_OPTION] = None,
 ) -> None:
     """Declare a stream (idempotent). Declaring it again with new nullable columns at
     the end adds them; settings given change the recorded ones; any other change is
@@ -157,6 +172,8 @@ def streams_create(
         "log_retention_s": log_retention_s,
         "checkpoint_interval": checkpoint_interval,
         "compaction": compaction,
+        "retention_s": retention_s,
+        "retention_bytes": retention_bytes,
     }
     settings = None
     if any(v is not None for v in given.values()):
@@ -190,6 +207,91 @@ def streams_describe(name: Annotated[str, typer.Argument(help="Stream name.")]) 
     described = _described(stream)
     described["versions"] = {t: bus.lake.open(t).version() for t in stream.tables}
     _print(described)
+
+
+@streams_app.command("alter")
+def streams_alter(
+    name: Annotated[str, typer.Argument(help="Stream name.")],
+    retention_s: Annotated[int | None, RETENTION_S_OPTION] = None,
+    retention_bytes: Annotated[int | None, RETENTION_BYTES_OPTION] = None,
+    no_retention_s: Annotated[
+        bool, typer.Option("--no-retention-s", help="Keep records whatever their age.")
+    ] = False,
+    no_retention_bytes: Annotated[
+        bool, typer.Option("--no-retention-bytes", help="No size limit per partition.")
+    ] = False,
+    no_retention: Annotated[
+        bool,
+        typer.Option(
+            "--no-retention", help="Keep records forever: --no-retention-s --no-retention-bytes."
+        ),
+    ] = False,
+    log_retention_s: Annotated[
+        int | None, typer.Option(help="Keep log entries this long.", min=1)
+    ] = None,
+    checkpoint_interval: Annotated[
+        int | None, typer.Option(help="Checkpoint every this many versions.", min=1)
+    ] = None,
+    compaction: Annotated[
+        bool | None,
+        typer.Option(
+            "--compaction/--no-compaction",
+            help="Whether lake maintenance compacts the stream's files.",
+        ),
+    ] = None,
+) -> None:
+    """Change a declared stream's settings (only those given); its schema, partitions
+    and key stay. Prints the declaration as recorded afterwards."""
+    changes: dict[str, Any] = {}
+    for setting, value, cleared in (
+        ("retention_s", retention_s, no_retention_s or no_retention),
+        ("retention_bytes", retention_bytes, no_retention_bytes or no_retention),
+    ):
+        flag = setting.replace("_", "-")
+        if value is not None and cleared:
+            raise ConfigError(
+                f"--{flag} {value} and --no-{flag} (or --no-retention) contradict each other",
+                "give one of them",
+            )
+        if value is not None or cleared:
+            changes[setting] = value
+    for setting, value in (
+        ("log_retention_s", log_retention_s),
+        ("checkpoint_interval", checkpoint_interval),
+        ("compaction", compaction),
+    ):
+        if value is not None:
+            changes[setting] = value
+    if not changes:
+        raise ConfigError(
+            f"streams alter {name}: no setting to change",
+            "give --retention-s, --retention-bytes, --no-retention-s, --no-retention-bytes, "
+            "--no-retention, --log-retention-s, --checkpoint-interval or "
+            "--compaction/--no-compaction",
+        )
+    _print(_described(_bus().alter_stream(name, **changes)))
+
+
+@streams_app.command("maintain")
+def streams_maintain(
+    name: Annotated[
+        str | None, typer.Argument(help="Stream name (default: every declared stream).")
+    ] = None,
+    vacuum_retention_hours: Annotated[
+        float | None,
+        typer.Option(
+            help="Vacuum deletes removed files older than this; must exceed the slowest "
+            "reader's lag (default: each table's deleted-file retention, "
+            "DELTABUS_DELETED_FILE_RETENTION_S when it was created, else a week).",
+            min=0,
+        ),
+    ] = None,
+) -> None:
+    """Maintain every declared stream, or NAME: per partition table, drop the records past
+    its retention, compact (unless its compaction is off), checkpoint, clean up expired
+    log files and vacuum. Prints what each did as JSON."""
+    done = _bus().maintain(name, vacuum_retention_hours=vacuum_retention_hours)
+    _print({"streams": [d.as_dict() for d in done]})
 
 
 def _described(stream: Any) -> dict[str, Any]:
@@ -290,12 +392,20 @@ def produce_stream(
 
 
 def consume_stream(
-    name: list[str], group: str, start: str, max_records: int | None, idle_exit_s: float | None
+    name: list[str],
+    group: str,
+    start: str,
+    max_records: int | None,
+    idle_exit_s: float | None,
+    auto_offset_reset: str = "latest",
 ) -> None:
     """Write the streams' records as JSON lines (columns, `diff`, `_stream`,
-    `_partition`, `_version`), committing after each batch is written."""
+    `_partition`, `_version`), committing after each batch is written; a position behind
+    the retention is moved as `auto_offset_reset` says (or stops the command)."""
     bus = _bus()
-    consumer = bus.consumer(name, group, start=start, auto_commit=False)
+    consumer = bus.consumer(
+        name, group, start=start, auto_commit=False, auto_offset_reset=auto_offset_reset
+    )
     health.mark_ready()  # a member of the group
     written, idle_since = 0, time.monotonic()
     try:

@@ -7,9 +7,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from deltabus.bus.consumer import Consumer
+from deltabus.bus.consumer import DEFAULT_AUTO_OFFSET_RESET, Consumer
 from deltabus.bus.fence import describe_owner, lease_holder
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
+from deltabus.bus.maintenance import StreamMaintenance, maintain_streams
 from deltabus.bus.partitioning import Partitioner
 from deltabus.bus.producer import (
     DEFAULT_COMMIT_INTERVAL_MS,
@@ -20,6 +21,7 @@ from deltabus.bus.producer import (
 from deltabus.bus.streams import (
     Stream,
     StreamSettings,
+    alter_stream,
     create_stream,
     get_stream,
     list_streams,
@@ -79,6 +81,42 @@ class Bus:
             partitioner=partitioner,
         )
 
+    def alter_stream(self, name: str, **settings: Any) -> Stream:
+        """Change settings of declared stream `name` (fields of `StreamSettings`, e.g.
+        `retention_s=86400`; None: the default, e.g. no retention); the rest of the
+        declaration stays (deltabus.bus.streams.alter_stream).
+
+        Returns:
+            The stream as recorded afterwards.
+
+        Raises:
+            ConfigError: no such stream, or a setting is unknown or invalid.
+        """
+        return alter_stream(self.lake, name, **settings)
+
+    def maintain(
+        self, name: str | None = None, *, vacuum_retention_hours: float | None = None
+    ) -> list[StreamMaintenance]:
+        """Maintain every declared stream, or stream `name`: per partition table, drop the
+        records past the stream's retention, compact (when its `compaction` setting is
+        on), checkpoint, clean up expired log files and vacuum (deltabus.bus.maintenance).
+
+        Args:
+            name: one declared stream (None: all of them).
+            vacuum_retention_hours: vacuum deletes removed files older than this (None:
+                each table's deleted-file retention, `DELTABUS_DELETED_FILE_RETENTION_S`
+                or Delta's week).
+
+        Returns:
+            Per stream, what each of its tables' pass did (`.as_dict()` for JSON).
+
+        Raises:
+            ConfigError: `name` is not a declared stream.
+        """
+        names = [name] if name is not None else self.streams()
+        streams = [self.stream(n) for n in names]
+        return maintain_streams(self.lake, streams, vacuum_retention_hours)
+
     def stream(self, name: str) -> Stream:
         """The declared stream `name`.
 
@@ -137,19 +175,26 @@ class Bus:
         start: str = "beginning",
         auto_commit: bool = True,
         ttl_s: float = DEFAULT_TTL_S,
+        auto_offset_reset: str = DEFAULT_AUTO_OFFSET_RESET,
     ) -> Consumer:
         """A member of consumer group `group` reading `streams` (deltabus.bus.consumer).
 
         Args:
             streams: one declared stream or several.
             group: members of one group share the partitions; groups read independently.
-            start: where the group starts on a partition it never read: "beginning" or
-                "end".
+            start: where the group starts on a partition it never read: "beginning" (the
+                oldest version retention keeps) or "end".
             auto_commit: commit the batches earlier polls returned at each poll.
             ttl_s: a member silent this long loses its partitions to the others.
+            auto_offset_reset: Kafka's `auto.offset.reset` for a position that fell
+                behind the stream's retention: "latest" (Kafka's default: on from what
+                lands next), "earliest" (the oldest version retention keeps) or "error"
+                (`poll` raises `OffsetOutOfRangeError`); either move is logged as a
+                warning.
 
         Raises:
-            ConfigError: a stream is not declared, or `start` is neither option.
+            ConfigError: a stream is not declared, or `start` or `auto_offset_reset` is
+                not one of its options.
         """
         names = [streams] if isinstance(streams, str) else list(streams)
         return Consumer(
@@ -159,6 +204,7 @@ class Bus:
             start=start,
             auto_commit=auto_commit,
             ttl_s=ttl_s,
+            auto_offset_reset=auto_offset_reset,
         )
 
     def transform(

@@ -6,6 +6,11 @@ from. The group's position per partition is the next version to read; `commit()`
 stores what was returned so far, and with auto-commit each `poll` first commits what
 the previous polls returned (at least once: a member that dies after a batch but before
 its commit leaves that batch to the member that takes the partition).
+
+A position below the oldest version the stream's retention keeps (deltabus.delta.retention)
+is out of range, as in Kafka: the member moves it as `auto_offset_reset` says, with a
+warning, or raises `OffsetOutOfRangeError`. It is checked when the member takes the
+partition, after a `seek`, and when a data file a commit names is gone from storage.
 """
 
 from __future__ import annotations
@@ -22,14 +27,20 @@ from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease, assignment
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.core import metrics
-from deltabus.core.errors import ConfigError
+from deltabus.core.errors import ConfigError, OffsetOutOfRangeError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
+from deltabus.delta.protocol import RemovedFileError
+from deltabus.delta.retention import oldest_version
 
 log = logging.getLogger(__name__)
 LAG_EXPORT_S = 5.0  # lag gauges are refreshed at most this often (a log listing each)
 
 STARTS = ("beginning", "end")
+# Kafka's `auto.offset.reset` for a position that fell behind the retention; the default
+# is Kafka's.
+AUTO_OFFSET_RESETS = ("earliest", "latest", "error")
+DEFAULT_AUTO_OFFSET_RESET = "latest"
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,9 @@ class _Held:
     next_version: int  # to read next: returned batches end before it
     read_rows: int = 0  # rows returned since the last committed position
     read_at_ms: int = 0  # commit timestamp of the newest batch returned
+    # The oldest version retention keeps, to compare the position with before the next
+    # read (None: checked).
+    check: int | None = None
 
 
 class Consumer:
@@ -63,9 +77,15 @@ class Consumer:
         lake: the lake.
         streams: the declared streams to read.
         group: the group's name; groups read independently, members of one share.
-        start: where a group that never read a partition starts: "beginning" or "end".
+        start: where a group that never read a partition starts: "beginning" (the oldest
+            version retention keeps) or "end".
         auto_commit: commit what earlier polls returned at each poll.
         ttl_s: the lease time: a member silent this long loses its partitions.
+        auto_offset_reset: a position below the oldest version retention keeps moves to
+            it ("earliest") or past the newest version ("latest", Kafka's default), with
+            a warning naming the partition, the position and the oldest version kept;
+            or `poll` raises `OffsetOutOfRangeError` saying the same ("error") until the
+            member `seek`s.
 
     Iterate it for batches, or call `poll()`; `close()` (or the context manager) commits
     and leaves the group, whose other members then take its partitions at once.
@@ -81,9 +101,16 @@ class Consumer:
         auto_commit: bool = True,
         ttl_s: float = DEFAULT_TTL_S,
         member: str | None = None,
+        auto_offset_reset: str = DEFAULT_AUTO_OFFSET_RESET,
     ) -> None:
         if start not in STARTS:
             raise ConfigError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
+        if auto_offset_reset not in AUTO_OFFSET_RESETS:
+            raise ConfigError(
+                f"auto_offset_reset must be one of {', '.join(AUTO_OFFSET_RESETS)}, got "
+                f"{auto_offset_reset!r}"
+            )
+        self.auto_offset_reset = auto_offset_reset
         if not streams:
             raise ConfigError("a consumer reads at least one stream")
         self.lake = lake
@@ -134,13 +161,15 @@ class Consumer:
 
     def _take(self, table: str) -> None:
         stream, partition = self.tables[table]
-        begin = 0 if self.start == "beginning" else self._latest(table) + 1
+        oldest = self._oldest(table)
+        begin = oldest if self.start == "beginning" else self._latest(table) + 1
         lease = self.group.take(table, begin)
         if lease is None:
             return
         tail = DeltaLogTail(self.lake, table, columns=stream.schema.names)
-        retry_storage(lambda: tail.start(lease.position), what=f"read {table}'s state")
-        self.held[table] = _Held(stream, partition, lease, tail, lease.position)
+        at = max(lease.position, oldest)  # a position behind is moved before any read
+        retry_storage(lambda: tail.start(at), what=f"read {table}'s state")
+        self.held[table] = _Held(stream, partition, lease, tail, lease.position, check=oldest)
         log.info(
             "group %s: %s took %s at version %d",
             self.group.name,
@@ -168,6 +197,50 @@ class Consumer:
 
     def _latest(self, table: str) -> int:
         return retry_storage(lambda: self.lake.latest_version(table), what=f"list {table}'s log")
+
+    def _oldest(self, table: str) -> int:
+        """The oldest version of `table` retention keeps (0: all)."""
+        return oldest_version(self.lake, table)
+
+    def _check_position(self, table: str, held: _Held, oldest: int) -> None:
+        """Apply `auto_offset_reset` when the next version to read is below `oldest`."""
+        position = held.next_version
+        if position >= oldest:
+            held.check = None
+            return
+        dropped = (
+            f"version {position}"
+            if position == oldest - 1
+            else f"versions {position} to {oldest - 1}"
+        )
+        facts = (
+            f"group {self.group.name}: the position in partition {held.partition} of stream "
+            f"{held.stream.name} (table {table}), version {position}, is below the oldest "
+            f"version the stream's retention keeps, {oldest}: the records of {dropped} "
+            "were dropped"
+        )
+        if self.auto_offset_reset == "error":
+            held.check = oldest
+            raise OffsetOutOfRangeError(
+                facts,
+                "seek the consumer (seek('beginning') reads on from the oldest version kept, "
+                "seek('end') from what lands next), or consume with auto_offset_reset "
+                "'earliest' or 'latest' (deltabus consume --auto-offset-reset); keep "
+                "consumers within the stream's retention_s",
+                table=table,
+                position=position,
+                oldest=oldest,
+            )
+        new = oldest if self.auto_offset_reset == "earliest" else self._latest(table) + 1
+        log.warning(
+            "%s; auto_offset_reset=%s: reading on from version %d",
+            facts,
+            self.auto_offset_reset,
+            new,
+        )
+        retry_storage(lambda: held.tail.start(new), what=f"read {table}'s state")
+        held.next_version = new
+        held.check = None
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -203,12 +276,21 @@ class Consumer:
 
     def _read(self, table: str) -> Batch | None:
         held = self.held[table]
+        if held.check is not None:
+            self._check_position(table, held, held.check)
         while True:
             version = held.next_version
             commit = retry_storage(lambda v=version: held.tail.commit(v), what=f"poll {table}")
             if commit is None:
                 return None
-            rows = retry_storage(lambda c=commit: held.tail.rows(c), what=f"read {table}")
+            try:
+                rows = retry_storage(lambda c=commit: held.tail.rows(c), what=f"read {table}")
+            except RemovedFileError:
+                oldest = self._oldest(table)
+                if version >= oldest:
+                    raise  # gone, but not by retention: the error says what to do
+                self._check_position(table, held, oldest)
+                continue
             held.next_version = version + 1
             if rows is None:
                 continue  # a commit that changed no rows (compaction, metadata)
@@ -256,22 +338,24 @@ class Consumer:
             metrics.LAG_SECONDS.labels(*labels).set(max(0.0, age))
 
     def seek(self, where: str | int) -> None:
-        """Read every held partition again from "beginning", from "end" (only what lands
-        from now on) or from a version; stored at the next commit."""
+        """Read every held partition again from "beginning" (the oldest version retention
+        keeps), from "end" (only what lands from now on) or from a version (below the
+        oldest version kept: `auto_offset_reset` applies); stored at the next commit."""
         with self._lock:
             for table, held in self.held.items():
                 if where == "beginning":
-                    version = 0
+                    version = self._oldest(table)
                 elif where == "end":
                     version = self._latest(table) + 1
                 elif isinstance(where, int) and where >= 0:
                     version = where
                 else:
                     raise ConfigError(f"seek to 'beginning', 'end' or a version, got {where!r}")
-                retry_storage(
-                    lambda h=held, v=version: h.tail.start(v), what=f"read {table}'s state"
-                )
+                oldest = version if where == "beginning" else self._oldest(table)
+                at = max(version, oldest)  # a version behind is moved before any read
+                retry_storage(lambda h=held, v=at: h.tail.start(v), what=f"read {table}'s state")
                 held.next_version = version
+                held.check = oldest
 
     def lag(self) -> dict[str, int]:
         """Per held partition table: the versions landed that the group has not

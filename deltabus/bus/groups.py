@@ -31,6 +31,7 @@ from typing import Any
 import obstore
 
 from deltabus.bus import record_log
+from deltabus.core import metrics
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
@@ -161,7 +162,11 @@ class Group:
         if current is not None and not current.free(now_ms()):
             return None
         position = start_position if current is None else current.position
-        return self.write(current, table, self.member, position)
+        taken = self.write(current, table, self.member, position)
+        if taken is not None and current is not None and current.member is not None:
+            # its holder's lease had lapsed: a takeover, not a hand-over
+            metrics.TAKEOVERS.labels(metrics.component(), self.name).inc()
+        return taken
 
     def describe(self, tables: list[str]) -> dict[str, Any]:
         """Members and, per partition table, holder and position (no lag)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
+from deltabus.delta.retention import RetentionPolicy
 from deltabus.delta.tables import delta_columns, ensure_table, show_columns
 
 STREAMS_PREFIX = "_deltabus/streams"
@@ -42,19 +43,39 @@ class StreamSettings:
     `log_retention_s`: log entries older than this are removed at checkpoints (the
     table property `delta.logRetentionDuration`); `checkpoint_interval`: a producer or
     transform checkpoints every this many versions; `compaction`: whether lake
-    maintenance compacts the stream's small files."""
+    maintenance compacts the stream's small files.
+
+    `retention_s` and `retention_bytes` (Kafka's `retention.ms` and `retention.bytes`;
+    None: keep forever): lake maintenance drops each partition table's data files
+    committed more than `retention_s` ago, and its oldest files until the table's live
+    files hold at most `retention_bytes` (deltabus.delta.retention)."""
 
     log_retention_s: int | None = None
     checkpoint_interval: int | None = None
     compaction: bool = True
+    retention_s: int | None = None
+    retention_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("log_retention_s", "checkpoint_interval"):
+        for name in ("log_retention_s", "checkpoint_interval", "retention_s", "retention_bytes"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
                 raise ConfigError(
-                    f"stream setting {name} must be a positive integer, got {value!r}"
+                    f"stream setting {name} must be a positive integer, got {value!r}",
+                    "give a whole number of at least 1, or None for the lake's setting"
+                    if name in ("log_retention_s", "checkpoint_interval")
+                    else "give a whole number of at least 1, or None to keep records forever",
                 )
+        if not isinstance(self.compaction, bool):
+            raise ConfigError(
+                f"stream setting compaction must be true or false, got {self.compaction!r}"
+            )
+
+    def retention(self) -> RetentionPolicy:
+        """The retention lake maintenance applies to each partition table."""
+        return RetentionPolicy(self.retention_s, self.retention_bytes)
 
     def properties(self) -> dict[str, str]:
         """The table properties these settings set."""
@@ -136,6 +157,7 @@ class Stream:
     @classmethod
     def from_record(cls, body: dict, revision: int) -> Stream:
         schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(body["schema_ipc"])))
+        # Settings recorded before a setting existed read as its default.
         settings = StreamSettings(**body.get("settings", {}))
         partitions, key = int(body["partitions"]), body.get("key")
         partitioner = body.get("partitioner", "crc32")  # declared before there was a choice
@@ -199,8 +221,9 @@ def create_stream(
         key: the column producers hash by default to choose a partition.
         partitioner: how keys are hashed: `crc32`, or Kafka's `murmur2` (fixed once
             declared).
-        settings: log retention, checkpoint interval and compaction (None: as recorded,
-            or the lake's for a new stream); other settings change the recorded ones.
+        settings: log retention, checkpoint interval, compaction and the records'
+            retention (None: as recorded, or the defaults for a new stream); other
+            settings change the recorded ones (`alter_stream` changes some of them).
 
     Returns:
         The stream as recorded: the same declaration again returns it unchanged; a
@@ -240,6 +263,50 @@ def create_stream(
         evolved = replace(wanted, revision=current.seq + 1, settings=kept)
         if record_log.claim(store, _prefix(name), current.seq + 1, evolved.record()):
             return evolved
+
+
+def alter_stream(lake: Lake, name: str, **changes: Any) -> Stream:
+    """Change the settings of declared stream `name`; its schema, partitions, key and
+    partitioner stay as recorded.
+
+    Args:
+        lake: the lake the stream lives in.
+        name: a declared stream.
+        **changes: fields of `StreamSettings` and their new values (None: back to the
+            default: the lake's setting, or no retention).
+
+    Returns:
+        The stream as recorded afterwards (unchanged, same revision, when nothing
+        changes).
+
+    Raises:
+        ConfigError: no stream `name` is declared, a field is not a setting, or a value
+            is invalid; nothing is changed.
+
+    Example:
+        `alter_stream(lake, "orders", retention_s=7 * 86400, retention_bytes=None)`
+    """
+    known = {f.name for f in fields(StreamSettings)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ConfigError(
+            f"stream {name}: {', '.join(unknown)} is not a stream setting",
+            f"change one of {', '.join(sorted(known))}",
+        )
+    while True:
+        current = record_log.latest(lake.object_store, _prefix(name))
+        if current is None:
+            get_stream(lake, name)  # raises the ConfigError that lists the streams
+        assert current is not None
+        recorded = Stream.from_record(current.body, current.seq)
+        settings = replace(recorded.settings, **changes)
+        if settings == recorded.settings:
+            return recorded
+        if settings.properties() != recorded.settings.properties():
+            _set_properties(lake, recorded, settings)
+        altered = replace(recorded, revision=current.seq + 1, settings=settings)
+        if record_log.claim(lake.object_store, _prefix(name), current.seq + 1, altered.record()):
+            return altered
 
 
 def _added_columns(recorded: Stream, wanted: Stream) -> list[pa.Field]:

@@ -26,6 +26,18 @@ class StorageError(DeltabusError):
     """The lake cannot be reached or used: bucket, credentials, endpoint, not a Delta table."""
 
 
+class OffsetOutOfRangeError(DeltabusError):
+    """A consumer group's position in a partition table is below the oldest version the
+    stream's retention keeps (Kafka's `OffsetOutOfRangeException`): the records between
+    were dropped. `table`, `position` and `oldest` say where."""
+
+    def __init__(self, problem: str, hint: str, *, table: str, position: int, oldest: int):
+        super().__init__(problem, hint)
+        self.table = table
+        self.position = position
+        self.oldest = oldest
+
+
 class MissingExtraError(DeltabusError):
     """A command needs an optional part of deltabus (an extra) that is not installed; the
     message names the extra and the command that installs it."""

@@ -12,6 +12,7 @@ The metrics, their labels and meaning: docs/reference/metrics.md.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -117,8 +118,46 @@ def served() -> bool:
     return _served
 
 
+# Directories where child processes write their metrics (prometheus-client's multiprocess
+# mode): a supervisor's /metrics shows its children's as well.
+CHILDREN_VAR = "PROMETHEUS_MULTIPROC_DIR"
+_children_dirs: list[str] = []
+
+
+def children_dir(path: str) -> dict[str, str]:
+    """Make this process's /metrics include what child processes given the returned
+    environment count (they write under `path`; counters of children that ended stay).
+    The supervisor names itself with a component of its own, so no sample is in both."""
+    if path not in _children_dirs:
+        _children_dirs.append(path)
+    return {CHILDREN_VAR: path}
+
+
+class _Merged:
+    """This process's metrics and its children's, one family per name."""
+
+    def collect(self) -> list[Any]:
+        from prometheus_client import multiprocess
+
+        families: dict[str, Any] = {}
+        sources = [REGISTRY.collect()] + [
+            multiprocess.MultiProcessCollector(None, path=d).collect() for d in _children_dirs
+        ]
+        for source in sources:
+            for family in source:
+                if family.name in families:
+                    families[family.name].samples.extend(family.samples)
+                else:
+                    families[family.name] = family
+        return list(families.values())
+
+
 def _scrape() -> health.Answer:
-    return 200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY)
+    if not _children_dirs:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY)
+    merged = CollectorRegistry(auto_describe=False)
+    merged.register(_Merged())  # type: ignore[arg-type]
+    return 200, CONTENT_TYPE_LATEST, generate_latest(merged)
 
 
 def serve(port: int) -> health.HealthServer:

@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # writer and tail) of tables deltabus creates; None keeps Delta's default (1 week). A
     # table compacted while it streams holds one entry per file removed within it.
     deleted_file_retention_s: int | None = Field(None, ge=10)
+    # Seconds the time-zone pipeline's unified table keeps records: lake maintenance drops
+    # its data files committed longer ago (as a stream's retention_s does); None keeps them.
+    unified_retention_s: int | None = Field(None, ge=1)
     # Versions between the checkpoints deltabus writers write on a background thread.
     checkpoint_interval: int = Field(100, ge=1, le=10_000)
     # Seconds storage calls retry through an outage (core.retry), DELTABUS_RETRY_MAX_WAIT_S.
@@ -220,6 +223,8 @@ class Settings(BaseSettings):
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)
         if self.deleted_file_retention_s is not None:
             env["DELTABUS_DELETED_FILE_RETENTION_S"] = str(self.deleted_file_retention_s)
+        if self.unified_retention_s is not None:
+            env["DELTABUS_UNIFIED_RETENTION_S"] = str(self.unified_retention_s)
         if self.secret_key is not None:
             env["DELTABUS_SECRET_KEY"] = self.secret_key.get_secret_value()
         if self.postgres_dsn is not None:

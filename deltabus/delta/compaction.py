@@ -96,8 +96,8 @@ def plan_compaction(
     columns = ("size_bytes", "modification_time")
     sizes, written = (files.column(name).to_pylist() for name in columns)
     small = [
-        {"path": path, "size": size, "partitionValues": {}}
-        for _, path, size in sorted(zip(written, paths, sizes, strict=True))
+        {"path": path, "size": size, "partitionValues": {}, "modificationTime": at}
+        for at, path, size in sorted(zip(written, paths, sizes, strict=True))
         if size < target_bytes
     ]
     plan = CompactionPlan(table, dt.version())
@@ -166,11 +166,14 @@ def _rewrite(lake: Lake, table: str, group: list[dict[str, Any]]) -> dict[str, A
         lambda: obstore.put(lake.object_store, f"{table}/{name}", body.to_pybytes()),
         what=f"write a compacted file of {table}",
     )
+    # The newest of its inputs' times: a file's age is that of its newest record, so
+    # compaction does not restart the clock of a stream's retention (deltabus.delta.retention).
+    written = [int(add["modificationTime"]) for add in group if "modificationTime" in add]
     return {
         "path": name,
         "partitionValues": {},
         "size": body.size,
-        "modificationTime": int(time.time() * 1000),
+        "modificationTime": max(written) if written else int(time.time() * 1000),
         "dataChange": False,
         "stats": file_stats(data),
     }
@@ -182,32 +185,70 @@ def commit_rewrite(lake: Lake, plan: CompactionPlan, adds: list[dict[str, Any]])
     Raises CompactionConflict when a commit after `plan.read_version` removed an input
     or changed the protocol or metadata.
     """
-    inputs = {_unquote(add["path"]) for add in plan.inputs}
     token = uuid.uuid4().hex  # finds our own commit if an answer was lost and retried
-    body = _commit_body(plan, adds, token)
-    version = plan.read_version
+    return commit_beside(
+        lake,
+        plan.table,
+        plan.read_version,
+        _commit_body(plan, adds, token),
+        token=token,
+        token_key=TOKEN_KEY,
+        relied_on={_unquote(add["path"]) for add in plan.inputs},
+        conflict=CompactionConflict,
+        what="compaction",
+    )
+
+
+def commit_beside(
+    lake: Lake,
+    table: str,
+    read_version: int,
+    body: bytes,
+    *,
+    token: str,
+    token_key: str,
+    relied_on: set[str],
+    conflict: type[Exception],
+    what: str,
+) -> int:
+    """Commit `body` at the first free version after `read_version`, beside live writers;
+    returns that version.
+
+    The next version is claimed with one conditional PUT; when it is taken, the commits
+    that landed are read (GET until a 404) and the claim is tried again on top of them. A
+    commit whose commit info carries `token` under `token_key` is this one, landed
+    already (an answer lost and retried). Raises `conflict` when a commit that landed
+    first removed a file of `relied_on` or changed the protocol or metadata.
+    """
+    version = read_version
     for _ in range(MAX_COMMIT_ATTEMPTS):
-        key = f"{plan.table}/_delta_log/{version + 1:020d}.json"
+        key = f"{table}/_delta_log/{version + 1:020d}.json"
         try:
             retry_storage(
                 lambda key=key: obstore.put(lake.object_store, key, body, mode="create"),
-                what=f"commit the compaction of {plan.table}",
+                what=f"commit the {what} of {table}",
             )
             return version + 1
         except (AlreadyExistsError, PreconditionError):
             pass
-        version, ours = _follow(lake, plan.table, version, inputs, token)
+        version, ours = _follow(lake, table, version, relied_on, token, token_key, conflict)
         if ours:
             return version
-    raise CompactionConflict(
-        f"{plan.table}: no free log version after {MAX_COMMIT_ATTEMPTS} attempts"
-    )
+    raise conflict(f"{table}: no free log version after {MAX_COMMIT_ATTEMPTS} attempts")
 
 
-def _follow(lake: Lake, table: str, version: int, inputs: set[str], token: str) -> tuple[int, bool]:
+def _follow(
+    lake: Lake,
+    table: str,
+    version: int,
+    relied_on: set[str],
+    token: str,
+    token_key: str,
+    conflict: type[Exception],
+) -> tuple[int, bool]:
     """Read the commits after `version` (GET until a 404): the newest version, and True
-    when that is this rewrite's own commit. Raises CompactionConflict when one of them
-    touches what the rewrite relies on."""
+    when that is the caller's own commit. Raises `conflict` when one of them touches
+    what the caller relies on."""
     while True:
         key = f"{table}/_delta_log/{version + 1:020d}.json"
         try:
@@ -219,14 +260,15 @@ def _follow(lake: Lake, table: str, version: int, inputs: set[str], token: str) 
             return version, False
         actions = parse_actions(raw)
         infos = actions.get("commitInfo", ())
-        if any(info.get(TOKEN_KEY) == token for info in infos):
+        if any(info.get(token_key) == token for info in infos):
             return version + 1, True
         if actions.get("protocol") or actions.get("metaData"):
-            raise CompactionConflict(f"{table} version {version + 1} changed the schema")
-        removed = {_unquote(r["path"]) for r in actions.get("remove", ())} & inputs
+            raise conflict(f"{table} version {version + 1} changed the schema")
+        removed = {_unquote(r["path"]) for r in actions.get("remove", ())} & relied_on
         if removed:
-            raise CompactionConflict(
-                f"{table} version {version + 1} removed {len(removed)} file(s) being compacted"
+            raise conflict(
+                f"{table} version {version + 1} removed {len(removed)} file(s) this commit "
+                "relies on"
             )
         version += 1
 

@@ -1,28 +1,57 @@
-"""Lake maintenance: compact small files, checkpoint the log, clean up expired log files,
-vacuum old files.
+"""Lake maintenance: drop records past a table's retention, compact small files,
+checkpoint the log, clean up expired log files, vacuum old files.
 
-Safe during streaming: compaction commits carry no new data (readers of the change
-data feed get no rows from them), and vacuum only removes files older than the
-retention, which must stay longer than the slowest reader's lag.
+Safe during streaming: retention and compaction commits carry no new data (their
+actions have `dataChange: false`: readers of the change data feed get no rows from
+them), and vacuum only removes files older than the retention, which must stay longer
+than the slowest reader's lag.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.compaction import CompactionConflict, compact
 from deltabus.delta.lake import Lake
+from deltabus.delta.retention import (
+    RETENTION_APP_ID,
+    RetentionConflict,
+    RetentionPolicy,
+    apply_retention,
+)
 
 log = logging.getLogger(__name__)
 
 
+# Delta's default `delta.deletedFileRetentionDuration`.
+DEFAULT_DELETED_FILE_RETENTION_HOURS = 7 * 24.0
+_INTERVAL = re.compile(r"\s*interval\s+(\d+)\s+([a-z]+?)s?\s*", re.IGNORECASE)
+_UNIT_HOURS = {
+    "millisecond": 1 / 3_600_000,
+    "second": 1 / 3600,
+    "minute": 1 / 60,
+    "hour": 1.0,
+    "day": 24.0,
+    "week": 168.0,
+}
+
+
 @dataclass
 class TableMaintenance:
+    """What one maintenance pass did to a table.
+
+    `retention_*`: the files and bytes the retention commit (`retention_version`, None:
+    none) dropped, and the oldest version retention keeps (0: every version);
+    `live_files` / `live_bytes`: the table's live data files afterwards."""
+
     table: str
     version_before: int
     version_after: int
@@ -30,25 +59,53 @@ class TableMaintenance:
     files_added: int
     checkpoint_version: int
     files_vacuumed: int
+    retention_files_removed: int = 0
+    retention_bytes_removed: int = 0
+    retention_version: int | None = None
+    oldest_version_kept: int = 0
+    live_files: int = 0
+    live_bytes: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+def deleted_file_retention_hours(dt: DeltaTable) -> float:
+    """The table's `delta.deletedFileRetentionDuration` in hours (Delta's week when unset
+    or unreadable)."""
+    value = dt.metadata().configuration.get("delta.deletedFileRetentionDuration")
+    match = _INTERVAL.fullmatch(value or "")
+    if match is None or match.group(2).lower() not in _UNIT_HOURS:
+        return DEFAULT_DELETED_FILE_RETENTION_HOURS
+    return int(match.group(1)) * _UNIT_HOURS[match.group(2).lower()]
+
+
 def maintain_table(
     lake: Lake,
     table: str,
-    retention_hours: float,
+    retention_hours: float | None,
     compaction: bool = True,
     full_vacuum: bool | None = None,
+    retention: RetentionPolicy | None = None,
 ) -> TableMaintenance:
-    """Compact (unless `compaction` is off), checkpoint, clean up expired log files and
-    vacuum `table`. `full_vacuum`: remove every file no version within the retention
-    references, not only those the tombstones name (default: when the retention is an
-    hour or more)."""
-    full = retention_hours >= 1 if full_vacuum is None else full_vacuum
+    """Apply `retention` (deltabus.delta.retention), compact (unless `compaction` is
+    off), checkpoint, clean up expired log files and vacuum `table`.
+
+    `retention_hours`: vacuum deletes removed files older than this (None: the table's
+    deleted-file retention, `delta.deletedFileRetentionDuration`, a week by default).
+    `full_vacuum`: remove every file no version within the retention references, not
+    only those the tombstones name (default: when the retention is an hour or more)."""
     dt = lake.open(table)
+    vacuum_hours = deleted_file_retention_hours(dt) if retention_hours is None else retention_hours
+    full = vacuum_hours >= 1 if full_vacuum is None else full_vacuum
     before = dt.version()
+    retained = None
+    if retention is not None and retention.limited:
+        try:
+            retained = apply_retention(lake, table, retention, dt=dt)
+        except RetentionConflict as exc:
+            log.info("retention of %s left to the next pass: %s", table, exc)
+        retry_storage(dt.update_incremental, what=f"load {table}")
     compacted, added = _compact(lake, table, dt) if compaction else (0, 0)
     retry_storage(dt.update_incremental, what=f"load {table}")
     retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
@@ -64,13 +121,14 @@ def maintain_table(
     # file of a commit in flight.
     vacuumed = retry_storage(
         lambda: dt.vacuum(
-            retention_hours=int(retention_hours),
+            retention_hours=None if retention_hours is None else int(retention_hours),
             dry_run=False,
             enforce_retention_duration=False,
             full=full,
         ),
         what=f"vacuum {table}",
     )
+    live = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
     return TableMaintenance(
         table=table,
         version_before=before,
@@ -79,6 +137,14 @@ def maintain_table(
         files_added=added,
         checkpoint_version=checkpoint,
         files_vacuumed=len(vacuumed),
+        retention_files_removed=retained.files_removed if retained else 0,
+        retention_bytes_removed=retained.bytes_removed if retained else 0,
+        retention_version=retained.version if retained else None,
+        oldest_version_kept=(
+            retained.oldest_version if retained else dt.transaction_version(RETENTION_APP_ID) or 0
+        ),
+        live_files=len(live),
+        live_bytes=sum(live),
     )
 
 
@@ -100,18 +166,27 @@ def _compact(lake: Lake, table: str, dt: DeltaTable) -> tuple[int, int]:
 def maintain(
     lake: Lake,
     tables: tuple[str, ...],
-    retention_hours: float = 24.0,
+    retention_hours: float | None = 24.0,
     uncompacted: frozenset[str] = frozenset(),
+    retention: Mapping[str, RetentionPolicy] | None = None,
 ) -> list[TableMaintenance]:
-    """Maintain every existing table of `tables`; `retention_hours` must exceed any reader's lag.
-    Tables in `uncompacted` are checkpointed and vacuumed but not compacted."""
-    if retention_hours < 0:
+    """Maintain every existing table of `tables`; `retention_hours` (vacuum's; None: each
+    table's deleted-file retention) must exceed any reader's lag. Tables in `uncompacted`
+    are checkpointed and vacuumed but not compacted; `retention` gives the tables whose
+    old records are dropped, and how (deltabus.delta.retention)."""
+    if retention_hours is not None and retention_hours < 0:
         raise ConfigError(f"retention must be >= 0 hours, got {retention_hours}")
     done = []
     for table in tables:
         if not lake.exists(table):
             continue
-        result = maintain_table(lake, table, retention_hours, table not in uncompacted)
+        result = maintain_table(
+            lake,
+            table,
+            retention_hours,
+            table not in uncompacted,
+            retention=(retention or {}).get(table),
+        )
         log.info("maintained %s: %s", table, result.as_dict())
         done.append(result)
     return done

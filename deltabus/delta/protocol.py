@@ -107,6 +107,11 @@ class ChangeWithoutCdfError(InputTableError):
     """A commit removed or rewrote rows in a table without a change data feed."""
 
 
+class RemovedFileError(InputTableError):
+    """A file a commit names is no longer in storage: vacuumed after it was removed (by
+    retention, compaction or a delete) before this reader got to it."""
+
+
 def _resume_hint(table: str) -> str:
     return (
         f"the ETL stopped before this version and wrote nothing of it; its position in "
@@ -640,7 +645,7 @@ class TableFiles:
         try:
             handle = self._open(self.resolve(action["path"]), action.get("size"))
         except FileNotFoundError:
-            raise InputTableError(
+            raise RemovedFileError(
                 f"{where}: {action['path']} is no longer in storage (vacuumed before this "
                 "reader got to it)",
                 "keep removed files longer than the longest reader outage (VACUUM "

@@ -34,15 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     from deltabus.core.settings import load_settings
     from deltabus.delta.lake import Lake
     from deltabus.delta.maintenance import maintain
+    from deltabus.delta.retention import RetentionPolicy
 
     setup_logging()
     lake = Lake(load_settings())
+    unified = {UNIFIED_TABLE: RetentionPolicy(max_age_s=lake.settings.unified_retention_s)}
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(_until_next(args.first_at, args.interval)):
         started = time.time()
         try:
-            done = maintain(lake, (*INPUT_TABLES, UNIFIED_TABLE), args.retention_hours)
+            tables = (*INPUT_TABLES, UNIFIED_TABLE)
+            done = maintain(lake, tables, args.retention_hours, retention=unified)
             event = {
                 "event": "pass",
                 "start_ms": started * 1000,
