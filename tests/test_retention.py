@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 import deltabus
+from deltabus.bus.admin import reset_offsets
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.delta.lake import Lake
 from deltabus.delta.protocol import DeltaLog, parse_actions
@@ -190,6 +191,10 @@ def test_a_group_behind_the_retention_gets_its_auto_offset_reset(
         consumer.seek("beginning")  # the oldest version retention keeps
         assert ids_of(read_all(consumer))[:10] == list(range(100, 110))
     assert not [r for r in caplog.records if "g-error" in r.getMessage()]  # raised, not logged
+
+    # kafka-consumer-groups --to-earliest: the log start offset, the oldest version kept.
+    (reset,) = reset_offsets(minio_lake, "g-reset", [bus.stream("clicks")], "earliest")
+    assert (reset.table, reset.after) == ("clicks", oldest)
 
 
 def test_retention_bytes_keeps_each_partition_under_the_limit(minio_lake: Lake) -> None:

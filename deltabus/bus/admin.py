@@ -20,6 +20,7 @@ from deltabus.bus.streams import STREAMS_PREFIX, Stream
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
+from deltabus.delta.retention import oldest_version
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +84,15 @@ def delete_group(lake: Lake, name: str) -> int:
 def position_at(lake: Lake, table: str, to: ResetTo, value: Any = None) -> int:
     """The version a group reads next in `table` for a reset `to`.
 
-    `earliest`: 0, the table's first version (a tail starts from the oldest state it can
-    still read); `latest`: after the newest version (only what lands from now on);
+    `earliest`: the oldest version the stream's retention keeps (0 when it dropped
+    nothing), Kafka's log start offset; `latest`: after the newest version (only what
+    lands from now on);
     `datetime` (`value` an aware datetime): the first version committed at or after it,
     Kafka's `offsets_for_times`, or after the newest when none is; `version` (`value` an
     int): that version.
     """
     if to == "earliest":
-        return 0
+        return oldest_version(lake, table)
     newest = retry_storage(lambda: lake.latest_version(table), what=f"list {table}'s log")
     if to == "latest":
         return newest + 1
