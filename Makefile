@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test chaos spark lint format bench ui clean docs docs-check deploy-check
+.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test multihost chaos spark lint format bench ui clean docs docs-check deploy-check
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -74,7 +74,14 @@ kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabu
 	bash platform/kafka.sh fetch
 
 test: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run the test suite (starts its own MinIO)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not multihost"
+
+multihost:  ## (root) link cuts under ETL replicas and group members on 5 network-namespace hosts
+	@if [ "$$(id -u)" != 0 ]; then \
+	  echo "make multihost: needs root (network namespaces, veth pairs, a bridge); run it as root" >&2; \
+	  exit 2; fi
+	$(MAKE) --no-print-directory venv minio-bin
+	$(PY) -m pytest -q -s -m multihost tests/test_multihost.py
 
 spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delta/s3a jars from Maven; cached)
 	$(UV) sync --frozen --python 3.11 --group spark --inexact

@@ -191,6 +191,14 @@ def run_cli(
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "multihost: runs in network namespaces as root; `make multihost` runs it, `make test`"
+        " leaves it out",
+    )
+
+
 _exit_status: list[int] = []
 
 

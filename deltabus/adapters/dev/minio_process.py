@@ -2,7 +2,9 @@
 benchmarks on one machine.
 
 The binary is built once with `go install` at a pinned version and cached; servers
-always bind 127.0.0.1 so nothing started here is reachable from the network.
+bind 127.0.0.1 so nothing started here is reachable from the network, unless a caller
+gives a cluster the addresses of hosts it made itself (the network namespaces of
+tests/netns.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from deltabus.core.errors import DeltabusError
@@ -171,6 +174,11 @@ class MinioCluster:
     MinIO use drives on the root disk and keeps each process's buffer pool small.
     Clients take one endpoint: use a node that is never stopped (a real deployment puts a
     load balancer in front).
+
+    By default every node binds 127.0.0.1 on a port of its own. `hosts` gives each node
+    an address of its own instead (the nodes may then share a port), and `launch` the
+    command prefix that starts node i where its address is, e.g. `ip netns exec NS`;
+    the addresses must be ones the caller made, never the machine's real interfaces.
     """
 
     def __init__(
@@ -182,6 +190,8 @@ class MinioCluster:
         drives: int = 2,
         ports: list[int] | None = None,
         binary: Path | None = None,
+        hosts: list[str] | None = None,
+        launch: Callable[[int], list[str]] | None = None,
     ) -> None:
         if not MIN_CLUSTER_NODES <= nodes <= MAX_CLUSTER_NODES:
             raise DeltabusError(
@@ -198,8 +208,13 @@ class MinioCluster:
                 "use a data directory of letters, digits and ._-/ only",
             )
         self.ports = list(ports) if ports else free_ports(nodes)
-        if len(self.ports) != nodes or len(set(self.ports)) != nodes:
-            raise DeltabusError(f"need {nodes} distinct ports, got {self.ports}")
+        self.hosts = list(hosts) if hosts else ["127.0.0.1"] * nodes
+        self.launch = launch
+        listen = set(zip(self.hosts, self.ports, strict=False))
+        if len(self.ports) != nodes or len(self.hosts) != nodes or len(listen) != nodes:
+            raise DeltabusError(
+                f"need {nodes} distinct addresses, got hosts {self.hosts} and ports {self.ports}"
+            )
         self.access_key = access_key
         self.secret_key = secret_key
         self.drives = drives
@@ -211,7 +226,7 @@ class MinioCluster:
         return len(self.ports)
 
     def node_endpoint(self, node: int) -> str:
-        return f"http://127.0.0.1:{self.ports[node]}"
+        return f"http://{self.hosts[node]}:{self.ports[node]}"
 
     @property
     def endpoint(self) -> str:
@@ -229,9 +244,15 @@ class MinioCluster:
         ]
 
     def command(self, node: int) -> list[str]:
-        """The exact command line of one node (the same drive list on every node)."""
-        address = f"127.0.0.1:{self.ports[node]}"
-        return [str(self.binary), "server", "--address", address, "--quiet", *self.drive_urls()]
+        """The exact command line of one node: its launch prefix, if any, then MinIO with
+        the same drive list on every node."""
+        address = f"{self.hosts[node]}:{self.ports[node]}"
+        prefix = self.launch(node) if self.launch else []
+        return [
+            *prefix,
+            str(self.binary),
+            *("server", "--address", address, "--quiet", *self.drive_urls()),
+        ]
 
     def log_path(self, node: int) -> Path:
         return self.root / f"minio-n{node + 1}.log"
@@ -241,7 +262,7 @@ class MinioCluster:
             **os.environ,
             # In a container (/.dockerenv) MinIO waits for loopback endpoints to resolve
             # elsewhere; this names the endpoint host that is this node's own.
-            "_MINIO_SERVER_LOCAL": f"127.0.0.1:{self.ports[node]}",
+            "_MINIO_SERVER_LOCAL": f"{self.hosts[node]}:{self.ports[node]}",
             "MINIO_ROOT_USER": self.access_key,
             "MINIO_ROOT_PASSWORD": self.secret_key,
             "MINIO_BROWSER": "off",
