@@ -428,7 +428,8 @@ def test_a_link_sigkilled_and_restarted_writes_each_order_once(
     connector, killed mid-stream and started again: every order lands once."""
     lake = minio_lake
     bus = bus_of(lake)
-    eur, done = feed_orders(bus)
+    killed = threading.Event()
+    eur, done = feed_orders(bus, hold=killed)
 
     def start() -> Worker:
         if engine == "pathway":
@@ -444,6 +445,7 @@ def test_a_link_sigkilled_and_restarted_writes_each_order_once(
             time.sleep(0.1)
         worker.kill()  # between output commits, or in the middle of one
         assert not done.is_set(), "the producer finished before the link was killed"
+        killed.set()
         worker = start()
         assert done.wait(120)
         expected = {3 * ID_BASE + o for o in range(2000)}
@@ -459,9 +461,13 @@ def test_a_link_sigkilled_and_restarted_writes_each_order_once(
         worker.stop()
 
 
-def feed_orders(bus: deltabus.Bus) -> tuple[deltabus.Stream, threading.Event]:
+def feed_orders(
+    bus: deltabus.Bus, hold: threading.Event | None = None
+) -> tuple[deltabus.Stream, threading.Event]:
     """Declare orders and orders_eur (4 partitions), and produce 2,000 orders of producer 3
-    over about 8 s in the background; the event is set when all are committed."""
+    over about 8 s in the background; the event is set when all are committed. With
+    `hold`, the last 1,000 wait until it is set (so a test acts while orders still come,
+    however slowly its worker starts)."""
     from tests.bus_worker import EUR_SCHEMA, order
 
     bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
@@ -471,6 +477,8 @@ def feed_orders(bus: deltabus.Bus) -> tuple[deltabus.Stream, threading.Event]:
     def produce() -> None:
         with bus.producer("orders", "shop", commit_interval_ms=0) as producer:
             for start in range(0, 2000, 50):
+                if start == 1000 and hold is not None:
+                    assert hold.wait(180), "the test never let the producer go on"
                 rows = [order(3, o) for o in range(start, start + 50)]
                 producer.send_batch(pa.Table.from_pylist(rows))
                 producer.flush()

@@ -17,6 +17,7 @@ from deltabus.adapters.bench.command import store_check as store_check_command
 from deltabus.adapters.cli_state import emit, lake, state
 from deltabus.adapters.serving.opensearch_cli import opensearch_app, serve_opensearch
 from deltabus.adapters.streams_cli import consume_stream, groups_app, produce_stream, streams_app
+from deltabus.core import metrics
 from deltabus.core.errors import ConfigError, user_storage_error
 from deltabus.core.extras import needs_extra
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
@@ -49,8 +50,13 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+# The `component` label of a command's metrics (deltabus.core.metrics).
+COMPONENTS = {"produce": "producer", "consume": "consumer"}
+
+
 @app.callback()
 def _global(
+    ctx: typer.Context,
     env_file: Annotated[
         Path | None,
         typer.Option(help="Settings file (KEY=value lines); default ./.env if present."),
@@ -78,10 +84,23 @@ def _global(
             max=65535,
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve Prometheus metrics (GET /metrics) on 0.0.0.0 at this port; may be "
+            "the health port; default DELTABUS_METRICS_PORT, else none "
+            "(docs/reference/metrics.md).",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
 ) -> None:
     setup_logging(verbose)
     state.env_file, state.prefix, state.as_json = env_file, prefix, as_json
     state.health_port = health_port
+    state.metrics_port = metrics_port
+    if ctx.invoked_subcommand:
+        metrics.set_component(COMPONENTS.get(ctx.invoked_subcommand, ctx.invoked_subcommand))
 
 
 def parse_instant_us(text: str) -> int:
@@ -697,6 +716,8 @@ def serve_postgres(
 
     from deltabus.adapters.serving import pg
     from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
+
+    metrics.set_component("serve-postgres")
     from deltabus.adapters.serving.target import check_table_name
 
     if not 1 <= max_versions <= 10_000:
@@ -805,8 +826,8 @@ def main() -> None:
             raise
         kind = "configuration error" if isinstance(error, ConfigError) else "error"
         text = f"deltabus: {kind}: {error}"
-        secret = s.secret_key.get_secret_value() if s and s.secret_key else ""
-        if secret:
+        secrets = [s.secret_key, s.session_token] if s else []
+        for secret in (v.get_secret_value() for v in secrets if v is not None):
             text = text.replace(secret, "***")
         print(text, file=sys.stderr)
         # Leave without interpreter teardown: after a failed Pathway run its native

@@ -297,7 +297,7 @@ class EtlSupervisor:
         self._lost(changes.lost)
 
     def _drop_lapsed(self) -> None:
-        now_ms = time.time() * 1000
+        now_ms = self.membership.group.now_ms()
         lapsed = [t for t, lease in self.membership.held.items() if lease.expires_ms <= now_ms]
         for table in lapsed:
             log.warning("group %s: the lease on %s ended before a renewal landed", GROUP, table)

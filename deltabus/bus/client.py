@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from deltabus.bus import admin
 from deltabus.bus.consumer import DEFAULT_AUTO_OFFSET_RESET, Consumer
 from deltabus.bus.fence import describe_owner, lease_holder
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
@@ -267,6 +268,39 @@ class Bus:
             latest = self.lake.latest_version(table)
             state["lag"] = max(0, latest + 1 - state["position"])
         return described
+
+    def delete_group(self, group: str) -> int:
+        """Delete consumer group `group` (positions and leases); returns the objects
+        removed. Refused while it has live members (deltabus.bus.admin)."""
+        return admin.delete_group(self.lake, group)
+
+    def reset_offsets(
+        self,
+        group: str,
+        streams: list[str],
+        to: admin.ResetTo,
+        value: Any = None,
+        *,
+        partition: int | None = None,
+        dry_run: bool = False,
+    ) -> list[admin.Reset]:
+        """Set `group`'s positions in `streams` to `earliest`, `latest`, a `datetime`
+        (the first version committed at or after `value`) or a `version` (`value`);
+        one partition with `partition`. Refused while the group has live members.
+
+        Returns:
+            Per partition table, the position before and after (unchanged with `dry_run`).
+        """
+        found = [self.stream(n) for n in streams]
+        return admin.reset_offsets(
+            self.lake, group, found, to, value, partition=partition, dry_run=dry_run
+        )
+
+    def delete_stream(self, name: str) -> tuple[int, int]:
+        """Delete stream `name`: its tables, every group's positions in them, its
+        declaration. Returns (objects, bytes) removed. Not undone: producers and
+        consumers of it fail at their next call."""
+        return admin.delete_stream(self.lake, self.stream(name))
 
 
 def connect(env_file: str | os.PathLike[str] | None = None, /, **settings: object) -> Bus:

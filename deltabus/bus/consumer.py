@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease, assignment
+from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.core import metrics
@@ -149,14 +149,14 @@ class Consumer:
     def rebalance(self) -> None:
         """Take the partitions dealt to this member, release the others, renew leases
         that are half spent."""
-        wanted = set(assignment(list(self.tables), self.group.live_members(), self.member))
+        wanted = set(self.group.assigned(list(self.tables), self.group.live_members()))
         with self._lock:
             for table in sorted(set(self.held) - wanted):
                 self._release(table)
             for table in sorted(wanted - set(self.held)):
                 self._take(table)
             for table, held in list(self.held.items()):
-                if held.lease.expires_ms - time.time() * 1000 < self.ttl_s * 500:
+                if held.lease.expires_ms - self.group.now_ms() < self.ttl_s * 500:
                     self._write(table, held.lease.position)
 
     def _take(self, table: str) -> None:

@@ -14,8 +14,10 @@ their lease has ended; it releases those dealt to another. A holder renews its l
 and commits a position, by writing the partition's next revision: if another member
 wrote that revision first, the lease was lost and the holder stops reading the
 partition. A member that dies loses its partitions within `ttl` plus one heartbeat, and
-the taker resumes after its last committed position. Clocks: lease ends are the
-members' wall clock, so members' clocks must agree to well within `ttl`.
+the taker resumes after its last committed position. Clocks: heartbeat ages and
+lease ends are read by the store's clock (each member's clock plus the offset its own
+heartbeat's Last-Modified shows), so members whose clocks disagree by more than `ttl`
+still agree; the offset is as precise as the store's Last-Modified (a second on S3).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +88,12 @@ class Group:
         self.ttl_ms = int(ttl_s * 1000)
         self.member = member or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.prefix = f"{GROUPS_PREFIX}/{self.name}"
+        # The store's clock: every time a member compares (heartbeat ages, lease ends) is
+        # local time plus the offset its own heartbeat's Last-Modified showed, so members
+        # whose clocks disagree still agree on who is live.
+        self.clock: Callable[[], float] = time.time
+        self._offset_ms = 0.0
+        self._put_at_ms: float | None = None
 
     # -- members ----------------------------------------------------------------------------
 
@@ -94,10 +103,16 @@ class Group:
     def heartbeat(self) -> None:
         """Say this member is alive (one PUT)."""
         body = f'{{"member":"{self.member}","at_ms":{now_ms()}}}'.encode()
+        sent = self.clock() * 1000
         retry_storage(
             lambda: obstore.put(self.store, self._member_key(self.member), body),
             what=f"heartbeat of group {self.name}",
         )
+        self._put_at_ms = (sent + self.clock() * 1000) / 2
+
+    def now_ms(self) -> int:
+        """Now by the store's clock, as this member last measured it (`live_members`)."""
+        return int(self.clock() * 1000 + self._offset_ms)
 
     def leave(self) -> None:
         """Remove this member's heartbeat, so the others rebalance at once."""
@@ -108,19 +123,68 @@ class Group:
 
     def live_members(self) -> list[str]:
         """Members whose heartbeat is younger than the lease time, by the store's clock
-        (one LIST), sorted."""
-        horizon = time.time() - self.ttl_ms / 1000
+        (one LIST), sorted. This member's own heartbeat in the listing sets the offset
+        from its clock to the store's (`now_ms`)."""
 
-        def listed() -> list[str]:
-            live = []
-            for chunk in obstore.list(self.store, prefix=f"{self.prefix}/members/"):
-                for meta in chunk:
-                    name = str(meta["path"]).rsplit("/", 1)[-1].removesuffix(".json")
-                    if meta["last_modified"].timestamp() > horizon:
-                        live.append(name)
-            return sorted(live)
+        def listed() -> dict[str, float]:
+            return {
+                str(meta["path"]).rsplit("/", 1)[-1].removesuffix(".json"): meta[
+                    "last_modified"
+                ].timestamp()
+                * 1000
+                for chunk in obstore.list(self.store, prefix=f"{self.prefix}/members/")
+                for meta in chunk
+            }
 
-        return retry_storage(listed, what=f"list the members of group {self.name}")
+        beats = retry_storage(listed, what=f"list the members of group {self.name}")
+        own = beats.get(self.member)
+        if own is not None and self._put_at_ms is not None:
+            self._offset_ms = own - self._put_at_ms
+        horizon = self.now_ms() - self.ttl_ms
+        return sorted(name for name, at in beats.items() if at > horizon)
+
+    # -- assignment -------------------------------------------------------------------------
+
+    def assigned(self, partitions: list[str], live: list[str]) -> list[str]:
+        """The partitions dealt to this member by the group's current assignment.
+
+        The assignment is a record of the group (`assignment/`): the live members it was
+        made for and who gets what. When the live members differ from the record's, the
+        first live member (by name, the group's leader) records a new one with
+        `sticky_assignment` from the old, so a join or a leave moves only the partitions
+        that must move; the others go on with the recorded one until it does. One LIST
+        and one GET; a PUT when the leader deals anew.
+        """
+        live = sorted(live)
+        prefix = f"{self.prefix}/assignment"
+        current = record_log.latest(self.store, prefix)
+        body = current.body if current is not None else {"members": [], "assignment": {}}
+        if body["members"] != live and live and live[0] == self.member:
+            dealt = sticky_assignment(partitions, live, body["assignment"])
+            seq = 0 if current is None else current.seq + 1
+            record = {"members": live, "assignment": dealt}
+            if record_log.claim(self.store, prefix, seq, record):
+                body = record
+                moved = sum(
+                    1
+                    for m, ps in dealt.items()
+                    for p in ps
+                    if p not in (current.body["assignment"].get(m, []) if current else [])
+                )
+                log.info(
+                    "group %s: %s dealt %d partition(s) to %d member(s), %d moved",
+                    self.name,
+                    self.member,
+                    len(partitions),
+                    len(live),
+                    moved,
+                )
+                if seq >= 2 and seq % 16 == 0:
+                    record_log.prune(self.store, prefix, seq - 1)
+        if self.member not in body["members"]:
+            return []
+        wanted = set(partitions)
+        return [p for p in body["assignment"].get(self.member, []) if p in wanted]
 
     # -- leases -----------------------------------------------------------------------------
 
@@ -147,7 +211,7 @@ class Group:
         """Write the revision after `current` (None: the first); the new lease, or None
         when another member wrote that revision first."""
         seq = 0 if current is None else current.seq + 1
-        new = Lease(table, seq, member, position, now_ms() + self.ttl_ms if member else 0)
+        new = Lease(table, seq, member, position, self.now_ms() + self.ttl_ms if member else 0)
         if not record_log.claim(self.store, self._log(table), seq, new.body()):
             return None
         if seq >= 2 and seq % 16 == 0:  # old revisions: pruned now and then
@@ -159,7 +223,7 @@ class Group:
         `start_position` is where a group that never read it starts. None: held by a
         live lease, or another member took it first."""
         current = self.lease(table)
-        if current is not None and not current.free(now_ms()):
+        if current is not None and not current.free(self.now_ms()):
             return None
         position = start_position if current is None else current.position
         taken = self.write(current, table, self.member, position)
@@ -178,7 +242,7 @@ class Group:
                 t: None
                 if lease is None
                 else {
-                    "member": lease.member if not lease.free(now_ms()) else None,
+                    "member": lease.member if not lease.free(self.now_ms()) else None,
                     "position": lease.position,
                 }
                 for t, lease in leases.items()
@@ -239,7 +303,7 @@ class Membership:
         one conditional PUT."""
         if time.monotonic() - self._last_heartbeat >= self.group.ttl_ms / 3000:
             self.heartbeat()
-        wanted = set(assignment(self.partitions, self.group.live_members(), self.member))
+        wanted = set(self.group.assigned(self.partitions, self.group.live_members()))
         lost = [t for t in sorted(self.held) if not self._renew_if_due(t)]
         taken = []
         for table in sorted(wanted - set(self.held) if take else ()):
@@ -252,7 +316,7 @@ class Membership:
 
     def _renew_if_due(self, table: str) -> bool:
         lease = self.held[table]
-        if lease.expires_ms - now_ms() < self.group.ttl_ms / 2:
+        if lease.expires_ms - self.group.now_ms() < self.group.ttl_ms / 2:
             return self.renew(table)
         return True
 
@@ -265,8 +329,8 @@ class Membership:
             renewed = self.group.write(lease, table, self.member, lease.position)
         except Exception as exc:  # noqa: BLE001 - an outage: the lease may lapse, said
             log.warning("group %s: renewing %s failed (%s)", self.group.name, table, exc)
-            renewed = lease if lease.expires_ms > now_ms() else None
-        if renewed is None or renewed.expires_ms <= now_ms():
+            renewed = lease if lease.expires_ms > self.group.now_ms() else None
+        if renewed is None or renewed.expires_ms <= self.group.now_ms():
             del self.held[table]
             log.warning("group %s: %s lost its lease on %s", self.group.name, self.member, table)
             return False
@@ -304,9 +368,34 @@ def list_groups(lake: Lake) -> list[str]:
     return retry_storage(listed, what="list the consumer groups")
 
 
+def sticky_assignment(
+    partitions: list[str], members: list[str], previous: dict[str, list[str]]
+) -> dict[str, list[str]]:
+    """Deal `partitions` to `members`, moving as few as balance allows (Kafka's sticky
+    assignor): every member gets N // M or one more; a member keeps what `previous` dealt
+    it up to its share (those holding more get the larger shares first), and only the
+    partitions of departed members and the excess of the others go to those under share."""
+    ordered, members = sorted(partitions), sorted(members)
+    if not members:
+        return {}
+    known = set(ordered)
+    kept = {m: sorted(p for p in previous.get(m, []) if p in known) for m in members}
+    base, extra = divmod(len(ordered), len(members))
+    by_holding = sorted(members, key=lambda m: (-len(kept[m]), m))
+    share = {m: base + (1 if i < extra else 0) for i, m in enumerate(by_holding)}
+    dealt = {m: kept[m][: share[m]] for m in members}
+    placed = {p for ps in dealt.values() for p in ps}
+    free = [p for p in ordered if p not in placed]
+    for m in members:
+        while len(dealt[m]) < share[m]:
+            dealt[m].append(free.pop(0))
+    return dealt
+
+
 def assignment(partitions: list[str], members: list[str], member: str) -> list[str]:
-    """The partitions dealt to `member`: partition j of the sorted list goes to member
-    j mod N of the sorted live members (none when `member` is not among them)."""
+    """The partitions dealt to `member` from nothing held before: partition j of the sorted
+    list goes to member j mod N of the sorted live members (none when `member` is not
+    among them). Groups deal with `Group.assigned`, which keeps what members hold."""
     ordered = sorted(members)
     if member not in ordered:
         return []

@@ -252,10 +252,11 @@ class TableAppender:
         }
 
     def _commit_body(
-        self, add: dict[str, Any], transactions: dict[str, int], custom: dict[str, str]
+        self, add: dict[str, Any] | None, transactions: dict[str, int], custom: dict[str, str]
     ) -> tuple[bytes, dict[str, list[dict[str, Any]]]]:
         """The commit file, and its actions as `parse_actions` would read them back
-        (without the commit info, which checkpoints do not keep)."""
+        (without the commit info, which checkpoints do not keep). No rows (`add` None):
+        a commit of its app transactions only, with no data file."""
         now = int(time.time() * 1000)
         info: dict[str, Any] = {
             "timestamp": now,
@@ -264,16 +265,20 @@ class TableAppender:
             "isBlindAppend": True,
             "engineInfo": f"deltabus/{__version__}",
             "clientVersion": f"deltabus-{__version__}",
-            "operationMetrics": {"numFiles": "1", "numOutputRows": str(add_rows(add))},
+            "operationMetrics": {
+                "numFiles": "1" if add else "0",
+                "numOutputRows": str(add_rows(add)) if add else "0",
+            },
             # The name this appender's next data file will have: a tail may fetch it
             # together with the next commit (deltabus.bus.tail).
             NEXT_DATA_FILE: self._next_name,
             **custom,
         }
         txns = [{"appId": app, "version": v, "lastUpdated": now} for app, v in transactions.items()]
-        lines = [{"commitInfo": info}, *({"txn": txn} for txn in txns), {"add": add}]
+        lines = [{"commitInfo": info}, *({"txn": txn} for txn in txns)]
+        lines += [{"add": add}] if add else []
         body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines).encode()
-        return body, {"txn": txns, "add": [add]}
+        return body, {"txn": txns, "add": [add] if add else []}
 
     def append_once(
         self,
@@ -356,7 +361,7 @@ class TableAppender:
                     return False
                 if not self.fast:
                     raise _NotEligible(self.reason)
-            if add is None:  # the data file is written once, whatever the retries
+            if add is None and r.data.num_rows:  # written once, whatever the retries
                 add = self._put_data(r.data)
             body, actions = self._commit_body(add, transactions, r.custom_metadata)
             try:
