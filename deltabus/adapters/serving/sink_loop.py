@@ -325,10 +325,10 @@ class SinkLoop(ABC):
             return
         self.position = last.version
         who = metrics.component()
-        metrics.RECORDS.labels(who, self.target.table, "out").inc(
+        metrics.RECORDS.labels(who, self.config.table, "out").inc(
             applied.inserted + applied.deleted
         )
-        metrics.COMMITS.labels(who, self.target.table).inc()
+        metrics.COMMITS.labels(who, self.config.table).inc()
         self._commits_applied(applied, commits)
 
     def _reconnect(self, exc: BaseException) -> None:
