@@ -8,7 +8,7 @@ releases those dealt to others. For the partitions it holds it runs the ETL as c
 processes `deltabus etl --mode continuous --partition-list ...`, each its own
 single-machine Pathway program, grouped as `LeaseConfig.children` says (`CHILD_MODES`).
 A spare child (`--partition-list -`) waits with Pathway loaded, so a partition taken over
-starts without Pathway's start-up time (docs/adr/0042-etl-partitions-by-lease.md).
+starts without Pathway's start-up time (docs/adr/0044-etl-partitions-by-lease.md).
 
 - A partition dealt to another member: its child is stopped (SIGTERM, SIGKILL after
   `STOP_TIMEOUT_S`), then the lease is released, so the next holder never overlaps it.
