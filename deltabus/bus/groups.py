@@ -269,10 +269,11 @@ class Membership:
     """A member holding the partitions dealt to it, for a caller that does the work itself
     (a supervisor of child processes, say) and calls `step()` every `tick_s` seconds.
 
-    Each step heartbeats when a third of the lease time has passed since the last, deals
-    `partitions` to the live members (`assignment`), takes those dealt to this member that
-    are free or whose lease ended, and renews every held lease that is half spent, those
-    dealt to others too until the caller releases them. `step` never blocks on the
+    Each step heartbeats when a third of the lease time has passed since the last, reads
+    the group's deal of `partitions` to the live members (`Group.assigned`: recorded and
+    sticky), takes those dealt to this member that are free or whose lease ended, and
+    renews every held lease that is half spent, those dealt to others too until the
+    caller releases them. `step` never blocks on the
     caller's work: the caller stops using an unwanted partition, then calls `release`, so
     the next holder never overlaps it. `leave()` releases everything and removes the
     heartbeat, so the others take over at their next step rather than after `ttl`.
