@@ -301,7 +301,10 @@ def test_read_only_minio_key(minio: MinioServer, minio_lake: Lake, tmp_path: Pat
     env = lake_env(minio_lake) | {"DELTABUS_ACCESS_KEY": access, "DELTABUS_SECRET_KEY": secret}
     result = run_cli(command, env, tmp_path)
     assert_clean_failure(
-        result, f"access key '{access}' may not write", "s3:PutObject", secret=secret
+        result,
+        f"access key '{access}' from DELTABUS_ACCESS_KEY / DELTABUS_SECRET_KEY may not write",
+        "s3:PutObject",
+        secret=secret,
     )
     assert minio.secret_key not in result.stdout + result.stderr
     assert objects_under(minio, minio_lake) == before
