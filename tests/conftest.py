@@ -178,11 +178,16 @@ def use_lake_env(monkeypatch: pytest.MonkeyPatch, lake: Lake) -> None:
 
 
 def run_cli(
-    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300
+    args: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    timeout: float = 300,
+    input: str | None = None,  # noqa: A002 - subprocess.run's name
 ) -> subprocess.CompletedProcess[str]:
-    """Run `deltabus ARGS` as a real subprocess."""
+    """Run `deltabus ARGS` as a real subprocess, with `input` on its stdin."""
     return subprocess.run(
         [sys.executable, "-m", "deltabus", *args],
+        input=input,
         env=env,
         cwd=cwd,
         capture_output=True,

@@ -8,8 +8,6 @@ Real `deltabus` processes on the real MinIO.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,23 +27,8 @@ def produce(env: dict[str, str], cwd: Path, ids: range) -> None:
     """Send `ids` as a run of a producer of its own (an id resumes its own input)."""
     producer = f"p{ids.start}"
     lines = "".join(json.dumps({"order_id": i, "customer": f"c{i % 3}"}) + "\n" for i in ids)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "deltabus",
-            "produce",
-            "--stream",
-            "orders",
-            "--producer-id",
-            producer,
-        ],
-        input=lines,
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_cli(
+        ["produce", "--stream", "orders", "--producer-id", producer], env, cwd, input=lines
     )
     assert done.returncode == 0, done.stderr
 

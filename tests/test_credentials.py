@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,14 +100,8 @@ def stream_round_trip(env: dict[str, str], cwd: Path, records: int = 50) -> None
     lines = "".join(
         json.dumps({"order_id": i, "customer": f"c{i % 7}"}) + "\n" for i in range(records)
     )
-    produced = subprocess.run(
-        [sys.executable, "-m", "deltabus", "produce", "--stream", "orders", "--producer-id", "p1"],
-        input=lines,
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    produced = run_cli(
+        ["produce", "--stream", "orders", "--producer-id", "p1"], env, cwd, input=lines
     )
     assert produced.returncode == 0, produced.stderr[-2000:]
     consumed = run_cli(

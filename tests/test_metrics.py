@@ -158,14 +158,8 @@ def test_a_consumer_counts_its_records_latency_and_lag(minio_lake: Lake, tmp_pat
     )
     assert created.returncode == 0, created.stderr
     lines = "".join(json.dumps({"order_id": i, "customer": f"c{i % 5}"}) + "\n" for i in range(300))
-    sent = subprocess.run(
-        [sys.executable, "-m", "deltabus", "produce", "--stream", "orders", "--producer-id", "m"],
-        input=lines,
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    sent = run_cli(
+        ["produce", "--stream", "orders", "--producer-id", "m"], env, tmp_path, input=lines
     )
     assert sent.returncode == 0, sent.stderr
     port = free_port()

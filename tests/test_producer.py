@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -188,23 +187,11 @@ def test_the_cli_resumes_by_record_not_by_line(lake: Lake, tmp_path: Path) -> No
         lines.append(json.dumps({"order_id": o, "customer": f"c{o % 7}"}))
 
     def produce(text: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "deltabus",
-                "produce",
-                "--stream",
-                "orders",
-                "--producer-id",
-                "file-2",
-            ],
+        return run_cli(
+            ["produce", "--stream", "orders", "--producer-id", "file-2"],
+            env,
+            tmp_path,
             input="\n".join(text) + "\n",
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
         )
 
     first = produce(lines[:150])  # as if it had been stopped there
