@@ -98,7 +98,13 @@ def test_soak_with_maintenance_and_short_log_retention(minio: MinioServer, tmp_p
     assert run["errors"] == [], run["errors"]
     assert run["lost"] == 0 and run["samples"] == run["messages"] == 140_000, run
     soak = run["soak"]
-    assert soak["maintenance_passes"] >= 3 and not soak["maintenance_errors"], soak
+    # What the run did, not how fast: passes ran while the producer was writing (it writes
+    # from 0 s to the run's 75 s), each ended with no error, and the producer ran on
+    # through each, losing nothing (checked above).
+    assert soak["maintenance_passes"] >= 2 and not soak["maintenance_errors"], soak
+    during = [at for at in soak["maintenance_at_s"] if at < 75]
+    assert len(during) >= 2, soak
+    assert len(soak["maintenance_duration_s"]) == soak["maintenance_passes"], soak
     # One ETL process from start to end: it resumed from nothing, never from a restart.
     assert [r["resumed_from"] for r in run["etl_reports"]] == [
         {"timezone1": -1, "timezone2": -1}
