@@ -102,10 +102,10 @@ lint: venv dagster-home docs-check  ## ruff lint and format check, the import ru
 	$(PY) -m dagster definitions validate -w workspace.yaml
 
 docs: venv  ## regenerate the configuration table and the CLI reference in docs/
-	$(PY) tools/docs.py generate
+	$(PY) -m tools.docs generate
 
 docs-check: venv  ## check the docs: relative links and anchors, generated parts up to date
-	$(PY) tools/docs.py check
+	$(PY) -m tools.docs check
 
 deploy-check:  ## Helm chart offline: lint, render (default and ci/ values), validate against Kubernetes schemas (helm, kubernetes-validate cached in ~/.cache/deltabus)
 	bash platform/deploy-check.sh check

@@ -1,29 +1,17 @@
-"""The docs checker (tools/docs.py): broken links and stale generated parts are reported,
+"""The docs checker (tools.docs): broken links and stale generated parts are reported,
 and the repository's own docs pass. Needs no server."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tools import docs
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("deltabus_docs_tool", ROOT / "tools/docs.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-docs = _load_tool()
 
 
 def _write(root: Path, files: dict[str, str]) -> list[Path]:
@@ -129,3 +117,16 @@ def test_the_repository_docs_pass() -> None:
     reference, slower to generate, is checked by `make docs-check`, part of `make lint`.)"""
     assert docs.link_problems(docs.markdown_files()) == []
     assert docs.block_problems(docs.CONFIG_DOC, "settings", docs.settings_table()) == []
+
+
+def test_a_decision_record_without_status_is_reported(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "docs/adr/0001-kept.md": "# 0001: Kept\n\nStatus: accepted, 2026-11-28.\n",
+            "docs/adr/0002-unsaid.md": "# 0002: Unsaid\n\n## Context\n",
+        },
+    )
+    assert docs.status_problems(tmp_path) == [
+        "docs/adr/0002-unsaid.md:1: no `Status:` line (say accepted, superseded or proposed)"
+    ]

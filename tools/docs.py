@@ -1,7 +1,7 @@
 """Generate and check the documentation.
 
-    python tools/docs.py generate   # rewrite the generated parts of the docs
-    python tools/docs.py check      # exit 1, listing file:line: problem, when the docs are wrong
+    python -m tools.docs generate   # rewrite the generated parts of the docs
+    python -m tools.docs check      # exit 1, listing file:line: problem, when the docs are wrong
 
 Generated parts, each between `<!-- BEGIN generated: NAME -->` and `<!-- END generated -->`:
 
@@ -15,7 +15,8 @@ Generated parts, each between `<!-- BEGIN generated: NAME -->` and `<!-- END gen
 `check` reports (1) relative links in the Markdown files of the repository (README.md,
 CHANGELOG.md, docs/**) to a missing file, or to a missing #anchor of a Markdown file
 (GitHub's heading slugs); http(s) and mailto links are not followed; (2) a generated part
-that differs from what `generate` writes now.
+that differs from what `generate` writes now; (3) a decision record (docs/adr/NNNN-*.md)
+without a `Status:` line.
 
 The deltabus package never imports this module.
 """
@@ -39,12 +40,6 @@ CONFIG_DOC = Path("docs/guide/configuration.md")
 CLI_DOC = Path("docs/reference/cli.md")
 END = "<!-- END generated -->"
 HELP_ENV = {"COLUMNS": "100", "NO_COLOR": "1", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-
-
-def _importable() -> None:
-    """Make the repository's packages importable when run as `python tools/docs.py`."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
 
 
 def begin(name: str) -> str:
@@ -144,7 +139,6 @@ def settings_table(settings_cls: type | None = None, source: str | None = None) 
     from pydantic import SecretStr
 
     if settings_cls is None:
-        _importable()
         from deltabus.core.settings import Settings as settings_cls  # noqa: N813
     if source is None:
         import inspect
@@ -178,7 +172,6 @@ def command_paths() -> list[tuple[str, ...]]:
     """Every command of `deltabus`, as argument paths, in the order `--help` lists them."""
     import typer
 
-    _importable()
     from deltabus.adapters.cli import app
 
     paths: list[tuple[str, ...]] = []
@@ -412,8 +405,17 @@ def generate() -> int:
     return 0
 
 
+def status_problems(root: Path = ROOT) -> list[str]:
+    """One problem per decision record without a `Status:` line (accepted, superseded...)."""
+    return [
+        f"{path.relative_to(root)}:1: no `Status:` line (say accepted, superseded or proposed)"
+        for path in sorted((root / "docs" / "adr").glob("[0-9][0-9][0-9][0-9]-*.md"))
+        if not re.search(r"^Status: ", path.read_text(encoding="utf-8"), re.MULTILINE)
+    ]
+
+
 def check() -> int:
-    problems = link_problems(markdown_files())
+    problems = link_problems(markdown_files()) + status_problems()
     for path, name, body in generated():
         problems += block_problems(path, name, body)
     for problem in problems:
@@ -421,7 +423,7 @@ def check() -> int:
     if problems:
         print(f"docs check: {len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print("docs check: links and generated references are up to date")
+    print("docs check: links, generated references and ADR statuses are up to date")
     return 0
 
 

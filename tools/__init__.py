@@ -1,0 +1,1 @@
+"""Repository tools: docs generation, single-mechanism benchmarks. deltabus never imports them."""
