@@ -74,22 +74,19 @@ kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabu
 	bash platform/kafka.sh fetch
 
 test: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run the test suite (starts its own MinIO)
-	$(PY) -m pytest -q -m "not multihost"
+	$(PY) -m pytest -q -m "not multihost and not spark" --durations=20
 
 multihost:  ## (root) link cuts under ETL replicas and group members on 5 network-namespace hosts
 	@if [ "$$(id -u)" != 0 ]; then \
 	  echo "make multihost: needs root (network namespaces, veth pairs, a bridge); run it as root" >&2; \
 	  exit 2; fi
 	$(MAKE) --no-print-directory venv minio-bin
-	$(PY) -m pytest -q -s -m multihost tests/test_multihost.py
+	$(PY) -m pytest -q -s -m multihost
 
 spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delta/s3a jars from Maven; cached)
 	$(UV) sync --frozen --python 3.11 --group spark --inexact
 	bash platform/spark.sh fetch
-	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q tests/test_spark_interop.py \
-	  tests/test_spark_log_cleanup.py \
-	  tests/test_checkpoint_writer.py::test_spark_reads_a_checkpoint_from_memory \
-	  tests/test_bench_spark.py
+	DELTABUS_SPARK_REQUIRED=1 $(PY) -m pytest -q -m spark
 
 chaos: venv minio-bin  ## seeded chaos soak: 10 min of SIGKILLs, MinIO restarts, second ETLs, then the count; SEED=n CHAOS_SECONDS=s
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \

@@ -196,12 +196,33 @@ def run_cli(
     )
 
 
+MARKERS = {
+    "integration": "talks to a real server (MinIO, PostgreSQL, OpenSearch, Kafka, Spark) that"
+    " the test or a fixture starts on loopback; set by the server fixtures it uses",
+    "spark": "needs Delta Spark (pyspark, delta-spark, the Delta/s3a jars); `make spark` runs"
+    " these, `make test` leaves them out",
+    "slow": "runs for minutes (soaks, chaos, link cuts, wheel builds); `-m 'not slow'` for a"
+    " quick pass",
+    "multihost": "runs in network namespaces as root; `make multihost` runs it, `make test`"
+    " leaves it out",
+}
+# A test that uses one of these fixtures (directly or through another) is `integration`.
+SERVER_FIXTURES = frozenset(
+    {"minio", "opensearch", "own_opensearch", "postgres", "own_postgres", "toxiproxy", "spark"}
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "multihost: runs in network namespaces as root; `make multihost` runs it, `make test`"
-        " leaves it out",
-    )
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_minio = callspec is not None and callspec.params.get("lake") == "minio"
+        if on_minio or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 _exit_status: list[int] = []

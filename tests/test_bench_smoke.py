@@ -31,6 +31,8 @@ from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 
+pytestmark = [pytest.mark.integration]
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ORDER = ("p50", "p75", "p85", "p95", "p99", "p99.9", "max")
 STAGES = ("sent_to_input_commit", "input_commit_to_etl", "etl_to_unified_commit")

@@ -25,6 +25,8 @@ from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for, run_cli
 
+pytestmark = [pytest.mark.slow]
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUANTILES = (0.0, 0.001, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 0.9999, 1.0)
 

@@ -25,6 +25,8 @@ from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.test_dates import CASES, UNUSUAL
 
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
+
 REQUIRED = os.environ.get("DELTABUS_SPARK_REQUIRED") == "1"
 STAGES = ("sent_to_input_commit", "input_commit_to_etl", "etl_to_unified_commit")
 

@@ -30,6 +30,8 @@ from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
 from tests.test_faults import own_minio  # noqa: F401 - fixture
 
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
 CHAOS_SECONDS = float(os.environ.get("DELTABUS_CHAOS_SECONDS", "35"))
 SEED = int(os.environ.get("DELTABUS_CHAOS_SEED", "20261122"))
 RATE = 1500

@@ -351,6 +351,7 @@ def test_log_cleanup_deletes_what_delta_rs_deletes(tmp_path: Path) -> None:
     assert lake.open("c").to_pyarrow_table().num_rows == 12
 
 
+@pytest.mark.spark
 def test_spark_reads_a_checkpoint_from_memory(spark, minio_lake: Lake) -> None:  # noqa: F811
     """Delta Spark (`make spark`) takes the table state from our checkpoint alone."""
     lake = minio_lake

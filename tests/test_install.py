@@ -30,6 +30,8 @@ from deltabus.core.version import __version__
 from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI
 
+pytestmark = [pytest.mark.slow]
+
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Variables that would let the fresh interpreter import the repository's sources.

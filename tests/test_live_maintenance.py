@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from deltabus.adapters.dev.minio_process import MinioServer
@@ -83,6 +84,7 @@ def test_appender_keeps_committing_after_another_process_cleans_the_log(
     assert fresh.transaction_version("writer") == 7
 
 
+@pytest.mark.slow
 def test_soak_with_maintenance_and_short_log_retention(minio: MinioServer, tmp_path: Path) -> None:
     """The documented soak: 30 s log retention, a maintenance pass every 20 s in its own
     process; the producer and the ETL run through every pass, nothing lost."""

@@ -29,6 +29,8 @@ from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
 from tests.helpers import assert_exactly_once, dev_minio_cli, etl_process, wait_for_file
 
+pytestmark = [pytest.mark.integration]
+
 KILLED = 2  # the node the fault test kills (0-based); node 0 serves the clients
 
 

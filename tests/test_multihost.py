@@ -76,7 +76,12 @@ from tests.conftest import IN_CI
 from tests.helpers import assert_exactly_once, read_inputs, read_table
 from tests.netns import Lab
 
-pytestmark = [pytest.mark.multihost, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.multihost,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "multihost"

@@ -39,6 +39,8 @@ from tests.test_foreign_writers import (
     wait_for_net,
 )
 
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+
 REQUIRED = os.environ.get("DELTABUS_SPARK_REQUIRED") == "1"
 
 

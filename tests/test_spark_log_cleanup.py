@@ -17,9 +17,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from deltabus.delta.lake import Lake
 from tests.test_foreign_writers import rows, start_etl, stop_etl
 from tests.test_spark_interop import SparkInputs, s3a, spark  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 DAY_MS = 24 * 3600 * 1000
 
