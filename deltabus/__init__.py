@@ -38,6 +38,7 @@ __all__ = [
     "StorageError",
     "Source",
     "Stream",
+    "StreamPartition",
     "StreamSettings",
     "Transform",
     "connect",
@@ -59,6 +60,7 @@ _HOMES = {
     "MAX_PARTITIONS": "deltabus.bus.partitions",
     "OffsetOutOfRangeError": "deltabus.core.errors",
     "Producer": "deltabus.bus.producer",
+    "StreamPartition": "deltabus.bus.consumer",
     "RecordError": "deltabus.bus.producer",
     "StorageError": "deltabus.core.errors",
     "Source": "deltabus.bus.transform",
@@ -73,7 +75,7 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from deltabus.bus.client import Bus, connect
-    from deltabus.bus.consumer import Batch, Consumer
+    from deltabus.bus.consumer import Batch, Consumer, StreamPartition
     from deltabus.bus.fence import FencedError
     from deltabus.bus.partitioning import key_partition
     from deltabus.bus.partitions import MAX_PARTITIONS, partition_table

@@ -426,7 +426,7 @@ def groups_describe(
     ] = None,
 ) -> None:
     """A group's live members, and per partition its holder, position and lag (versions
-    landed that the group has not committed)."""
+    and records landed that the group has not committed)."""
     _print(_bus().describe_group(group, stream))
 
 

@@ -8,7 +8,12 @@ from typing import Any
 import pyarrow as pa
 
 from deltabus.bus import admin
-from deltabus.bus.consumer import DEFAULT_AUTO_OFFSET_RESET, Consumer
+from deltabus.bus.consumer import (
+    DEFAULT_AUTO_OFFSET_RESET,
+    Consumer,
+    RebalanceCallback,
+    records_between,
+)
 from deltabus.bus.fence import describe_owner, lease_holder
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, list_groups
 from deltabus.bus.maintenance import StreamMaintenance, maintain_streams
@@ -177,6 +182,9 @@ class Bus:
         auto_commit: bool = True,
         ttl_s: float = DEFAULT_TTL_S,
         auto_offset_reset: str = DEFAULT_AUTO_OFFSET_RESET,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
     ) -> Consumer:
         """A member of consumer group `group` reading `streams` (deltabus.bus.consumer).
 
@@ -192,6 +200,8 @@ class Bus:
                 lands next), "earliest" (the oldest version retention keeps) or "error"
                 (`poll` raises `OffsetOutOfRangeError`); either move is logged as a
                 warning.
+            on_assign, on_revoke, on_lost: rebalance callbacks, as Kafka's `subscribe`
+                listener (`Consumer` says when each runs).
 
         Raises:
             ConfigError: a stream is not declared, or `start` or `auto_offset_reset` is
@@ -206,6 +216,9 @@ class Bus:
             auto_commit=auto_commit,
             ttl_s=ttl_s,
             auto_offset_reset=auto_offset_reset,
+            on_assign=on_assign,
+            on_revoke=on_revoke,
+            on_lost=on_lost,
         )
 
     def transform(
@@ -254,19 +267,26 @@ class Bus:
 
         Returns:
             `{"group": name, "members": [...], "partitions": {table: {"member",
-            "position", "lag"}}}`: the live members, and per partition table its holder,
-            the next version the group reads, and the versions landed that it has not
-            committed (None: the group never read the table).
+            "position", "lag", "lag_records"}}}`: the live members, and per partition
+            table its holder, the next version the group reads, and the versions and
+            records landed that it has not committed (None: the group never read the
+            table).
         """
         names = streams if streams is not None else self.streams()
         tables = [t for n in names for t in self.stream(n).tables]
         described = Group(self.lake, group).describe(tables)
         for table, state in described["partitions"].items():
             if state is None:
-                described["partitions"][table] = {"member": None, "position": None, "lag": None}
+                described["partitions"][table] = {
+                    "member": None,
+                    "position": None,
+                    "lag": None,
+                    "lag_records": None,
+                }
                 continue
             latest = self.lake.latest_version(table)
             state["lag"] = max(0, latest + 1 - state["position"])
+            state["lag_records"] = records_between(self.lake, table, state["position"], latest)
         return described
 
     def delete_group(self, group: str) -> int:

@@ -11,18 +11,27 @@ A position below the oldest version the stream's retention keeps (deltabus.delta
 is out of range, as in Kafka: the member moves it as `auto_offset_reset` says, with a
 warning, or raises `OffsetOutOfRangeError`. It is checked when the member takes the
 partition, after a `seek`, and when a data file a commit names is gone from storage.
+
+Rebalances call `on_assign`, `on_revoke` and `on_lost` as Kafka's `subscribe` listener
+does. A partition given up in a rebalance is first revoked (`on_revoke`, where a
+manual-commit application commits) and, with auto-commit, its position is committed
+before it is released, so the next holder goes on after what polls returned.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pyarrow as pa
 
+from deltabus.bus.admin import position_at
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
@@ -30,7 +39,7 @@ from deltabus.core import metrics
 from deltabus.core.errors import ConfigError, OffsetOutOfRangeError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import RemovedFileError
+from deltabus.delta.protocol import DeltaLog, RemovedFileError, parse_actions
 from deltabus.delta.retention import oldest_version
 
 log = logging.getLogger(__name__)
@@ -41,6 +50,18 @@ STARTS = ("beginning", "end")
 # is Kafka's.
 AUTO_OFFSET_RESETS = ("earliest", "latest", "error")
 DEFAULT_AUTO_OFFSET_RESET = "latest"
+
+
+@dataclass(frozen=True, order=True)
+class StreamPartition:
+    """One partition of one stream (Kafka's TopicPartition)."""
+
+    stream: str
+    partition: int
+
+
+# Called with the partitions assigned, revoked or lost in one rebalance.
+RebalanceCallback = Callable[[list[StreamPartition]], None]
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,6 @@ class _Held:
     lease: Lease
     tail: DeltaLogTail
     next_version: int  # to read next: returned batches end before it
-    read_rows: int = 0  # rows returned since the last committed position
     read_at_ms: int = 0  # commit timestamp of the newest batch returned
     # The oldest version retention keeps, to compare the position with before the next
     # read (None: checked).
@@ -86,6 +106,16 @@ class Consumer:
             a warning naming the partition, the position and the oldest version kept;
             or `poll` raises `OffsetOutOfRangeError` saying the same ("error") until the
             member `seek`s.
+        on_assign: called with the partitions this member took, once it reads them.
+        on_revoke: called with the partitions this member gives up in a rebalance (or at
+            `close()`), before they are released: `commit()` inside it stores their
+            positions. With auto-commit they are committed after it anyway.
+        on_lost: called with the partitions whose lease another member wrote meanwhile
+            (found at the next renewal or commit): no commit is possible for them.
+
+    The callbacks run on the thread that rebalances (the member's heartbeat thread, or
+    the thread that calls `close()`), with the consumer's lock held; an exception in one
+    is raised by the next `poll()`.
 
     Iterate it for batches, or call `poll()`; `close()` (or the context manager) commits
     and leaves the group, whose other members then take its partitions at once.
@@ -102,6 +132,9 @@ class Consumer:
         ttl_s: float = DEFAULT_TTL_S,
         member: str | None = None,
         auto_offset_reset: str = DEFAULT_AUTO_OFFSET_RESET,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
     ) -> None:
         if start not in STARTS:
             raise ConfigError(f"start must be one of {', '.join(STARTS)}, got {start!r}")
@@ -121,6 +154,13 @@ class Consumer:
         self.ttl_s = ttl_s
         self.tables = {s.table(p): (s, p) for s in streams for p in range(s.partitions)}
         self.held: dict[str, _Held] = {}
+        self.on_assign = on_assign
+        self.on_revoke = on_revoke
+        self.on_lost = on_lost
+        self._callback_error: BaseException | None = None
+        self._paused: set[str] = set()
+        # Per held table, the records of each version counted for the lag gauge.
+        self._records: dict[str, dict[int, int]] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._next = 0  # round robin over held partitions
@@ -147,25 +187,61 @@ class Consumer:
                 log.warning("group %s: heartbeat failed (%s)", self.group.name, exc)
 
     def rebalance(self) -> None:
-        """Take the partitions dealt to this member, release the others, renew leases
-        that are half spent."""
+        """Take the partitions dealt to this member, revoke and release the others, renew
+        leases that are half spent; call the rebalance callbacks for what changed."""
         wanted = set(self.group.assigned(list(self.tables), self.group.live_members()))
         with self._lock:
-            for table in sorted(set(self.held) - wanted):
-                self._release(table)
-            for table in sorted(wanted - set(self.held)):
-                self._take(table)
+            self._revoke(sorted(set(self.held) - wanted))
+            taken = [t for t in sorted(wanted - set(self.held)) if self._take(t)]
+            if taken:
+                self._call(self.on_assign, taken)
             for table, held in list(self.held.items()):
                 if held.lease.expires_ms - self.group.now_ms() < self.ttl_s * 500:
                     self._write(table, held.lease.position)
 
-    def _take(self, table: str) -> None:
+    def _sp(self, table: str) -> StreamPartition:
+        stream, partition = self.tables[table]
+        return StreamPartition(stream.name, partition)
+
+    def _table(self, sp: StreamPartition) -> str:
+        stream = self.streams.get(sp.stream)
+        if stream is None or not 0 <= sp.partition < stream.partitions:
+            raise ConfigError(
+                f"{sp.stream} partition {sp.partition} is not read by this consumer",
+                f"give one of the partitions of {', '.join(sorted(self.streams))}",
+            )
+        return stream.table(sp.partition)
+
+    def _call(self, callback: RebalanceCallback | None, tables: Iterable[str]) -> None:
+        """Run a rebalance callback; its exception is kept for the next poll."""
+        if callback is None:
+            return
+        try:
+            callback([self._sp(t) for t in tables])
+        except Exception as exc:  # noqa: BLE001 - raised from the next poll
+            self._callback_error = self._callback_error or exc
+
+    def _revoke(self, tables: list[str]) -> None:
+        """Give up `tables`: on_revoke, then (auto-commit) their positions, then release."""
+        if not tables:
+            return
+        self._call(self.on_revoke, tables)
+        for table in tables:
+            held = self.held.get(table)
+            if held is None:
+                continue  # lost meanwhile (on_lost was called)
+            if self.auto_commit and held.next_version != held.lease.position:
+                if not self._write(table, held.next_version):
+                    continue
+            self._release(table)
+
+    def _take(self, table: str) -> bool:
         stream, partition = self.tables[table]
         oldest = self._oldest(table)
         begin = oldest if self.start == "beginning" else self._latest(table) + 1
         lease = self.group.take(table, begin)
         if lease is None:
-            return
+            return False
         tail = DeltaLogTail(self.lake, table, columns=stream.schema.names)
         at = max(lease.position, oldest)  # a position behind is moved before any read
         retry_storage(lambda: tail.start(at), what=f"read {table}'s state")
@@ -177,9 +253,12 @@ class Consumer:
             table,
             lease.position,
         )
+        return True
 
     def _release(self, table: str) -> None:
         held = self.held.pop(table)
+        self._paused.discard(table)
+        self._records.pop(table, None)
         self.group.write(held.lease, table, None, held.lease.position)
         log.info("group %s: %s released %s", self.group.name, self.member, table)
 
@@ -191,6 +270,9 @@ class Consumer:
         if lease is None:
             log.warning("group %s: %s lost its lease on %s", self.group.name, self.member, table)
             del self.held[table]
+            self._paused.discard(table)
+            self._records.pop(table, None)
+            self._call(self.on_lost, [table])
             return False
         held.lease = lease
         return True
@@ -255,6 +337,7 @@ class Consumer:
             StorageError: the lake failed past the retry budget.
         """
         deadline = time.monotonic() + timeout_s
+        self._raise_callback_error()
         if self.auto_commit:
             self.commit()
         while True:
@@ -263,9 +346,15 @@ class Consumer:
                 return batch
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
+    def _raise_callback_error(self) -> None:
+        with self._lock:
+            error, self._callback_error = self._callback_error, None
+        if error is not None:
+            raise error
+
     def _read_one(self) -> Batch | None:
         with self._lock:
-            tables = sorted(self.held)
+            tables = sorted(set(self.held) - self._paused)
             for i in range(len(tables)):
                 table = tables[(self._next + i) % len(tables)]
                 batch = self._read(table)
@@ -297,7 +386,6 @@ class Consumer:
             names = held.stream.schema.names
             data = rows.select([n for n in names if n in rows.column_names])
             data = data.append_column("diff", rows.column("_diff").cast(pa.int64()))
-            held.read_rows += data.num_rows
             held.read_at_ms = commit.timestamp_ms
             age_s = max(0.0, time.time() - commit.timestamp_ms / 1000)
             metrics.LATENCY.labels(metrics.component()).observe(age_s)
@@ -318,8 +406,7 @@ class Consumer:
         with self._lock:
             for table, held in list(self.held.items()):
                 if held.next_version != held.lease.position:
-                    if self._write(table, held.next_version):
-                        held.read_rows = 0
+                    self._write(table, held.next_version)
             self._export_lag()
 
     def _export_lag(self) -> None:
@@ -330,32 +417,109 @@ class Consumer:
             return
         self._lag_exported = now
         for table, held in self.held.items():
-            behind = max(0, self._latest(table) + 1 - held.lease.position)
+            latest = self._latest(table)
+            behind = max(0, latest + 1 - held.lease.position)
             labels = (self.group.name, table)
             metrics.LAG_VERSIONS.labels(*labels).set(behind)
-            metrics.LAG_RECORDS.labels(*labels).set(held.read_rows)
+            metrics.LAG_RECORDS.labels(*labels).set(self._lag_records(table, held, latest))
             age = time.time() - held.read_at_ms / 1000 if behind and held.read_at_ms else 0.0
             metrics.LAG_SECONDS.labels(*labels).set(max(0.0, age))
 
-    def seek(self, where: str | int) -> None:
-        """Read every held partition again from "beginning" (the oldest version retention
-        keeps), from "end" (only what lands from now on) or from a version (below the
-        oldest version kept: `auto_offset_reset` applies); stored at the next commit."""
+    def _lag_records(self, table: str, held: _Held, latest: int) -> int:
+        """The records in the versions from the committed position to `latest`, each log
+        entry read once while the partition is held."""
+        known = self._records.setdefault(table, {})
+        for version in [v for v in known if v < held.lease.position]:
+            del known[version]
+        return records_between(self.lake, table, held.lease.position, latest, known)
+
+    def seek(self, where: str | int | StreamPartition, version: str | int | None = None) -> None:
+        """Read again from "beginning" (the oldest version retention keeps), from "end"
+        (only what lands from now on) or from a version (below the oldest version kept:
+        `auto_offset_reset` applies); stored at the next commit.
+
+        `seek(where)` moves every held partition; `seek(StreamPartition(s, p), where)`
+        moves that one, which this member must hold."""
+        if isinstance(where, StreamPartition):
+            if version is None:
+                raise ConfigError("seek(partition, where) needs where", "e.g. seek(sp, 0)")
+            with self._lock:
+                self._seek_tables([self._held_table(where)], version)
+            return
         with self._lock:
-            for table, held in self.held.items():
-                if where == "beginning":
-                    version = self._oldest(table)
-                elif where == "end":
-                    version = self._latest(table) + 1
-                elif isinstance(where, int) and where >= 0:
-                    version = where
-                else:
-                    raise ConfigError(f"seek to 'beginning', 'end' or a version, got {where!r}")
-                oldest = version if where == "beginning" else self._oldest(table)
-                at = max(version, oldest)  # a version behind is moved before any read
-                retry_storage(lambda h=held, v=at: h.tail.start(v), what=f"read {table}'s state")
-                held.next_version = version
-                held.check = oldest
+            self._seek_tables(list(self.held), where)
+
+    def _held_table(self, sp: StreamPartition) -> str:
+        table = self._table(sp)
+        if table not in self.held:
+            raise ConfigError(
+                f"{sp.stream} partition {sp.partition} is not held by this member "
+                f"(it holds {', '.join(str(self._sp(t)) for t in sorted(self.held)) or 'none'})",
+                "act on the partitions of assignment(), or after on_assign",
+            )
+        return table
+
+    def _seek_tables(self, tables: list[str], where: str | int) -> None:
+        for table in tables:
+            held = self.held[table]
+            if where == "beginning":
+                version = self._oldest(table)
+            elif where == "end":
+                version = self._latest(table) + 1
+            elif isinstance(where, int) and where >= 0:
+                version = where
+            else:
+                raise ConfigError(f"seek to 'beginning', 'end' or a version, got {where!r}")
+            oldest = version if where == "beginning" else self._oldest(table)
+            at = max(version, oldest)  # a version behind is moved before any read
+            retry_storage(lambda h=held, v=at: h.tail.start(v), what=f"read {table}'s state")
+            held.next_version = version
+            held.check = oldest
+
+    def seek_to_time(self, when: datetime | int) -> None:
+        """Move every held partition to its first version committed at or after `when`
+        (an aware datetime, or epoch ms), or past the newest when none is: Kafka's
+        `offsets_for_times` then `seek`, by the commit timestamps of the Delta log."""
+        if isinstance(when, int) and not isinstance(when, bool):
+            when = datetime.fromtimestamp(when / 1000, tz=UTC)
+        elif not isinstance(when, datetime) or when.tzinfo is None:
+            raise ConfigError(
+                f"seek_to_time needs an aware datetime or epoch milliseconds, got {when!r}",
+                "e.g. datetime(2026, 11, 28, 6, tzinfo=UTC) or 1795845600000",
+            )
+        with self._lock:
+            for table in list(self.held):
+                self._seek_tables([table], position_at(self.lake, table, "datetime", when))
+
+    def position(self, sp: StreamPartition) -> int:
+        """The next version this member reads from a partition it holds."""
+        with self._lock:
+            return self.held[self._held_table(sp)].next_version
+
+    def committed(self, sp: StreamPartition) -> int | None:
+        """The group's stored position in any partition (None: never read)."""
+        table = self._table(sp)
+        with self._lock:
+            if table in self.held:
+                return self.held[table].lease.position
+        lease = self.group.lease(table)
+        return None if lease is None else lease.position
+
+    def pause(self, partitions: Iterable[StreamPartition]) -> None:
+        """Stop returning batches of these held partitions (they stay held and renewed)."""
+        with self._lock:
+            self._paused.update(self._held_table(sp) for sp in partitions)
+
+    def resume(self, partitions: Iterable[StreamPartition]) -> None:
+        """Return batches of these partitions again."""
+        with self._lock:
+            self._paused.difference_update(self._table(sp) for sp in partitions)
+
+    def paused(self) -> list[StreamPartition]:
+        """The held partitions that are paused, sorted; a partition released or lost is
+        no longer paused when taken again."""
+        with self._lock:
+            return sorted(self._sp(t) for t in self._paused if t in self.held)
 
     def lag(self) -> dict[str, int]:
         """Per held partition table: the versions landed that the group has not
@@ -366,10 +530,24 @@ class Consumer:
                 for table, held in self.held.items()
             }
 
+    def lag_records(self) -> dict[str, int]:
+        """Per held partition table: the records landed in the versions the group has not
+        committed (one GET of a log entry per version behind)."""
+        with self._lock:
+            return {
+                table: self._lag_records(table, held, self._latest(table))
+                for table, held in self.held.items()
+            }
+
     def assigned(self) -> list[str]:
         """The partition tables this member holds now, sorted."""
         with self._lock:
             return sorted(self.held)
+
+    def assignment(self) -> list[StreamPartition]:
+        """The partitions this member holds now, sorted."""
+        with self._lock:
+            return sorted(self._sp(t) for t in self.held)
 
     def close(self) -> None:
         """Commit (with auto-commit), release every partition and leave the group."""
@@ -381,8 +559,7 @@ class Consumer:
         with self._lock:
             if self.auto_commit:
                 self.commit()
-            for table in list(self.held):
-                self._release(table)
+            self._revoke(sorted(self.held))
         self.group.leave()
 
     def __enter__(self) -> Consumer:
@@ -390,3 +567,33 @@ class Consumer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def records_between(
+    lake: Lake, table: str, first: int, last: int, known: dict[int, int] | None = None
+) -> int:
+    """The records the commits `first`..`last` of `table` added (the `numRecords` of
+    their data-changing adds), read from the log entries alone; 0 when first > last.
+
+    Entries already cleaned from the log count nothing. `known` (version: records) is
+    consulted first and filled, so a caller that counts again reads only new entries.
+    """
+    if first > last:
+        return 0
+    known = {} if known is None else known
+    delta_log = DeltaLog(lake.object_store, table)
+
+    def added(version: int) -> int:
+        raw = retry_storage(lambda: delta_log.commit(version), what=f"read {table}'s log")
+        adds = parse_actions(raw).get("add", []) if raw is not None else []
+        return sum(
+            int(json.loads(a["stats"]).get("numRecords", 0))
+            for a in adds
+            if a.get("dataChange", True) and a.get("stats")
+        )
+
+    missing = [v for v in range(first, last + 1) if v not in known]
+    if missing:
+        with ThreadPoolExecutor(max_workers=min(16, len(missing))) as pool:
+            known.update(zip(missing, pool.map(added, missing), strict=True))
+    return sum(known[v] for v in range(first, last + 1))

@@ -73,7 +73,7 @@ LAG_VERSIONS = Gauge(
 )
 LAG_RECORDS = Gauge(
     "deltabus_consumer_lag_records",
-    "Records in the versions the group has read but not committed, per partition table.",
+    "Records landed in the versions the group has not committed, per partition table.",
     ["group", "table"],
     registry=REGISTRY,
 )
