@@ -45,6 +45,7 @@ __all__ = [
     "key_partition",
     "partition_table",
     "position_marker",
+    "recorded_marks",
 ]
 
 # Imported on first use, so that `import deltabus` stays light for the CLI.
@@ -60,6 +61,7 @@ _HOMES = {
     "MAX_PARTITIONS": "deltabus.bus.partitions",
     "OffsetOutOfRangeError": "deltabus.core.errors",
     "Producer": "deltabus.bus.producer",
+    "recorded_marks": "deltabus.bus.producer",
     "StreamPartition": "deltabus.bus.consumer",
     "RecordError": "deltabus.bus.producer",
     "StorageError": "deltabus.core.errors",
@@ -80,7 +82,7 @@ if TYPE_CHECKING:
     from deltabus.bus.partitioning import key_partition
     from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
     from deltabus.bus.positions import position_marker
-    from deltabus.bus.producer import BufferFullError, Producer, RecordError
+    from deltabus.bus.producer import BufferFullError, Producer, RecordError, recorded_marks
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform
     from deltabus.core.errors import (

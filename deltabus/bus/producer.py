@@ -45,7 +45,7 @@ from deltabus.core.errors import ConfigError, DeltabusError
 from deltabus.core.intervals import check_interval
 from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
-from deltabus.delta.tables import metadata
+from deltabus.delta.tables import app_transactions, metadata
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ OWN_METADATA = frozenset({"producer.id", "producer.end", "producer.epoch", "prod
 # Called once per `send` / `send_batch` when its records are committed (error None) or
 # failed: (offset of its first record, the error).
 DeliveryCallback = Callable[[int, BaseException | None], None]
+
+
+PRODUCER_APP_PREFIX = "deltabus-stream-producer:"  # + producer id: its app transactions
 
 
 class RecordError(ConfigError):
@@ -126,7 +129,7 @@ class Producer:
         self.lake = lake
         self.stream = stream
         self.producer_id = producer_id
-        self.app_id = f"deltabus-stream-producer:{producer_id}"
+        self.app_id = f"{PRODUCER_APP_PREFIX}{producer_id}"
         self.epoch_app_id = f"{self.app_id}:epoch"
         self.interval_s = commit_interval_ms / 1000
         self.max_buffered_records = max_buffered_records
@@ -603,3 +606,17 @@ def _resume_offset(marks: list[FlushMark | None]) -> int:
     newest = max(m.end for m in held)
     last = [m for m in held if m.end == newest]
     return newest if len(last) >= last[0].parts else last[0].start
+
+
+def recorded_marks(lake: Lake, table: str, name: str) -> dict[str, int]:
+    """Per producer id, the value of mark `name` its newest flush to partition table
+    `table` recorded (`Producer.flush(marks=...)`).
+
+    Marks are app transactions, which checkpoints keep: log cleanup never hides one, as
+    it hides commit metadata."""
+    suffix = f":mark:{name}"
+    return {
+        app[len(PRODUCER_APP_PREFIX) : -len(suffix)]: version
+        for app, version in app_transactions(lake, table).items()
+        if app.startswith(PRODUCER_APP_PREFIX) and app.endswith(suffix)
+    }

@@ -11,6 +11,8 @@ from deltalake import DeltaTable, Schema
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import PrimitiveType
 
+from deltabus.core.retry import retry_storage
+from deltabus.delta.checkpoint_state import seed
 from deltabus.delta.lake import Lake
 
 # Change data feed lets readers fetch exactly the rows each version added (and nothing
@@ -141,3 +143,17 @@ def is_commit_conflict(exc: BaseException) -> bool:
     PUT or rename failed) and for a conflict with the commits in between.
     """
     return isinstance(exc, CommitFailedError)
+
+
+def app_transactions(lake: Lake, table: str) -> dict[str, int]:
+    """Every app transaction of `table`'s newest version: appId -> version.
+
+    Read from the newest checkpoint and the commits after it, so log cleanup never hides
+    one (delta-rs answers only for an appId already known)."""
+
+    def read() -> dict[str, int]:
+        latest = lake.latest_version(table)
+        state = seed(lake.object_store, table, latest)
+        return {app: int(txn["version"]) for app, txn in state.txns.items()}
+
+    return retry_storage(read, what=f"read {table}'s app transactions")

@@ -11,6 +11,10 @@ REJECTS_TABLE = "rejects"
 TABLE_ZONES = {"timezone1": "America/New_York", "timezone2": "Europe/Paris"}
 # Every table the pipeline writes, as maintenance covers them.
 PIPELINE_TABLES = (*INPUT_TABLES, UNIFIED_TABLE, REJECTS_TABLE)
+# The producer mark (an app transaction of every input partition table, value 1) a
+# producer run's last commit records: a bounded ETL ends on it, whatever the log cleanup
+# removed since.
+FINISHED_MARK = "finished"
 
 INPUT_SCHEMA = pa.schema([("date", pa.string()), ("message", pa.string())])
 UNIFIED_SCHEMA = pa.schema(

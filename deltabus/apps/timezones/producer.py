@@ -31,7 +31,12 @@ import polars as pl
 import pyarrow as pa
 
 import deltabus
-from deltabus.apps.timezones.contracts import INPUT_SCHEMA, INPUT_TABLES, TABLE_ZONES
+from deltabus.apps.timezones.contracts import (
+    FINISHED_MARK,
+    INPUT_SCHEMA,
+    INPUT_TABLES,
+    TABLE_ZONES,
+)
 from deltabus.apps.timezones.layout import (
     SINGLE,
     Layout,
@@ -287,7 +292,11 @@ class Producer:
                     "producer.finished": last,
                     "producer.total": cfg.total,
                 },
-                {"start_us": start_us, "window": cfg.window},
+                {
+                    "start_us": start_us,
+                    "window": cfg.window,
+                    **({FINISHED_MARK: 1} if last else {}),
+                },
                 everywhere=last,  # every partition's readers see the run finish
             )
         except BaseException:

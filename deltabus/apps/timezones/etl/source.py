@@ -23,6 +23,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import deltabus
+from deltabus.apps.timezones.contracts import FINISHED_MARK
 from deltabus.apps.timezones.etl.rejects import RejectsWriter
 from deltabus.apps.timezones.etl.validate import producer_rows, split_rows, split_valid
 from deltabus.connectors.pathway import Commit, DeltaLogTail, TableTail, concat, without_views
@@ -116,8 +118,14 @@ class DeltaTailSubject(TableTail):
         self.sent_version = start_version - 1
 
     def resumed(self) -> None:
-        if self.bounded and self.next_version > 0:
+        if not self.bounded:
+            return
+        if self.next_version > 0:
             self._note_finished_before(self.next_version)
+        # The runs whose last commit landed, from the marks in the table's app
+        # transactions, which log cleanup never removes (commit metadata it does).
+        marks = deltabus.recorded_marks(self.lake, self.table, FINISHED_MARK)
+        self.stats.finished_runs.update(run for run, value in marks.items() if value)
 
     def finished(self) -> bool:
         if not self.bounded:
