@@ -152,8 +152,13 @@ def test_the_etl_shares_partitions_by_lease_and_producers_need_no_identity(
     assert pod_name == "metadata.name"
     for name in ("producer", "sink-postgres", "sink-opensearch", "etl"):
         assert by_component[name]["kind"] == "Deployment"  # no StatefulSet identities
-    follow = [container(by_component[s])["args"][:3] for s in ("sink-postgres", "sink-opensearch")]
+    follow_components = ("sink-postgres", "sink-opensearch")
+    follow = [container(by_component[s])["args"][:3] for s in follow_components]
     assert follow == [["serve", "postgres", "--follow"], ["serve", "opensearch", "--follow"]]
+    postgres, opensearch = (container(by_component[s])["args"] for s in follow_components)
+    assert "--lease" in postgres and "--lease-ttl-s" not in postgres  # the command's default
+    assert opensearch[opensearch.index("--lease") :][:3] == ["--lease", "--lease-ttl-s", "15"]
+    assert by_component["sink-opensearch"]["spec"]["replicas"] == 2  # active and standby
 
 
 def test_a_disruption_budget_for_each_deployment_of_several_replicas(

@@ -706,6 +706,23 @@ def serve_postgres(
     ready_file: Annotated[
         Path | None, typer.Option(help="Create this file once the sink is following.")
     ] = None,
+    lease: Annotated[
+        bool,
+        typer.Option(
+            "--lease",
+            help="Run as one of several replicas of this sink (same --table, same server): "
+            "the replica holding the lease in the lake serves, the others stand by and take "
+            "over within the lease time when it dies, from the position stored in "
+            "PostgreSQL. Needs --follow.",
+        ),
+    ] = False,
+    lease_ttl_s: Annotated[
+        float,
+        typer.Option(
+            help="With --lease: an active replica not heard from for this long loses the "
+            "lease to a standby (1 .. 600 s).",
+        ),
+    ] = 10.0,
 ) -> None:
     """Keep a PostgreSQL table equal to timezone_unified's net content, exactly once.
 
@@ -731,12 +748,25 @@ def serve_postgres(
     )
     url = postgres_dsn(dsn)
     pg.parse(url)
-    lk = lake()
+    if lease and not follow:
+        raise ConfigError(
+            "--lease runs until stopped: it needs --follow",
+            "leave out --once, or run a catch-up sink without --lease",
+        )
+    lk = lake(write=lease)  # a replica writes its heartbeat and lease to the lake
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        report = PostgresSink(lk, url, config, stop).run().as_dict()
+        if lease:
+            from deltabus.adapters.serving.sink_lease import SinkLease, lease_group
+
+            group = lease_group("postgres", config.table, pg.describe(url))
+            report = SinkLease(lk, group, lease_ttl_s).run(
+                stop, lambda serving: PostgresSink(lk, url, config, serving).run().as_dict()
+            )
+        else:
+            report = PostgresSink(lk, url, config, stop).run().as_dict()
     except Exception as exc:
         error = pg.user_error(exc, url)
         if error is None:

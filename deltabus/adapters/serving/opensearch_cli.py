@@ -108,6 +108,23 @@ def serve_opensearch(
     ready_file: Annotated[
         Path | None, typer.Option(help="Create this file once the sink is following.")
     ] = None,
+    lease: Annotated[
+        bool,
+        typer.Option(
+            "--lease",
+            help="Run as one of several replicas of this sink (same --index, same server): "
+            "the replica holding the lease in the lake serves, the others stand by and take "
+            "over within the lease time when it dies, from the position stored in "
+            "OpenSearch. Needs --follow.",
+        ),
+    ] = False,
+    lease_ttl_s: Annotated[
+        float,
+        typer.Option(
+            help="With --lease: an active replica not heard from for this long loses the "
+            "lease to a standby (1 .. 600 s).",
+        ),
+    ] = 10.0,
 ) -> None:
     """Keep an OpenSearch index equal to timezone_unified's net content, exactly once.
 
@@ -136,13 +153,27 @@ def serve_opensearch(
     )
     target_url = opensearch_url(url)
     osc.parse(target_url)
-    lk = lake()
+    if lease and not follow:
+        raise ConfigError(
+            "--lease runs until stopped: it needs --follow",
+            "leave out --once, or run a catch-up sink without --lease",
+        )
+    lk = lake(write=lease)  # a replica writes its heartbeat and lease to the lake
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+
+    def serve(until: threading.Event) -> dict:
+        return OpenSearchSink(lk, target_url, config, until, refresh_interval_ms).run().as_dict()
+
     try:
-        sink = OpenSearchSink(lk, target_url, config, stop, refresh_interval_ms)
-        report = sink.run().as_dict()
+        if lease:
+            from deltabus.adapters.serving.sink_lease import SinkLease, lease_group
+
+            group = lease_group("opensearch", config.table, osc.describe(target_url))
+            report = SinkLease(lk, group, lease_ttl_s).run(stop, serve)
+        else:
+            report = serve(stop)
     except Exception as exc:
         error = osc.user_error(exc, target_url)
         if error is None:

@@ -1,0 +1,175 @@
+"""`deltabus serve postgres --lease`: two replicas of one sink on real MinIO and a real
+PostgreSQL; one serves, the other stands by. The active one is SIGKILLed mid-stream: the
+standby takes the lease and goes on from the position stored in PostgreSQL, and the
+served table ends equal to the unified table's net rows, every row written once.
+
+The verdicts read the lease record in the lake, and PostgreSQL's own audit of every
+position move and row write (tests/test_serve_postgres.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from deltabus.adapters.serving import pg
+from deltabus.adapters.serving.sink_lease import ACTIVE, lease_group
+from deltabus.bus.groups import Group, now_ms
+from deltabus.delta.lake import Lake
+from tests.conftest import lake_env, run_cli
+from tests.pg_fixture import Postgres
+from tests.test_serve_postgres import (
+    UnifiedWriter,
+    assert_no_row_written_twice,
+    assert_served_equals_unified,
+    assert_unbroken_chain,
+    install_position_audit,
+    served_position,
+    table_name,
+    wait_position,
+)
+
+TTL_S = 3.0
+
+
+class Replica:
+    """One `deltabus serve postgres --lease` process in a session of its own."""
+
+    def __init__(self, env: dict[str, str], tmp_path: Path, name: str, table: str) -> None:
+        self.name = name
+        self.ready = tmp_path / f"{name}.ready"
+        self.log = tmp_path / f"{name}.log"
+        args = [sys.executable, "-m", "deltabus", "--json", "serve", "postgres", "--follow"]
+        args += ["--table", table, "--max-versions", "5", "--ready-file", str(self.ready)]
+        args += ["--lease", "--lease-ttl-s", str(TTL_S)]
+        with open(self.log, "wb") as err:
+            self.process = subprocess.Popen(
+                args,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+            )
+
+    def serving(self) -> bool:
+        """It holds the lease and its sink follows the unified table."""
+        return self.ready.exists() and json.loads(self.ready.read_text())["pid"] == self.pid
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        assert code is None, f"{self.name} exited with {code}: {self.tail()}"
+
+    def kill(self) -> None:
+        os.killpg(self.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> dict:
+        self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=60)
+        assert self.process.returncode == 0, self.tail()
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def wait_until(what: str, check, replicas: list[Replica], timeout: float = 90) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not check():
+        for replica in replicas:
+            replica.check_alive()
+        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
+        time.sleep(0.1)
+
+
+def test_a_standby_sink_takes_over_from_a_killed_active_one_exactly_once(
+    minio_lake: Lake, postgres: Postgres, tmp_path: Path
+) -> None:
+    lake = minio_lake
+    table = table_name()
+    install_position_audit(postgres.dsn, lake, table)
+    writer = UnifiedWriter(lake)
+    writer.commit([("seed-0", 0.0, 1)])
+    commits = 60
+    go_on = threading.Event()
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for i in range(commits):
+                if i == commits // 2:
+                    assert go_on.wait(180), "the test never let the writer go on"
+                rows = [(f"m{i}-{j}", float(i * 100 + j), 1) for j in range(30)]
+                if i >= 2:  # retract rows of the commit before last, re-insert one of them
+                    rows += [(f"m{i - 2}-{j}", float((i - 2) * 100 + j), -1) for j in range(5)]
+                    rows.append((f"m{i - 2}-0", float((i - 2) * 100) + 0.5, 1))
+                writer.commit(rows)
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            done.set()
+
+    env = lake_env(lake) | {"DELTABUS_POSTGRES_DSN": postgres.dsn}
+    a = Replica(env, tmp_path, "a", table)
+    b = Replica(env, tmp_path, "b", table)
+    replicas = [a, b]
+    group = Group(lake, lease_group("postgres", table, pg.describe(postgres.dsn)))
+
+    def holder() -> str | None:
+        lease = group.lease(ACTIVE)
+        return None if lease is None or lease.free(now_ms()) else lease.member
+
+    try:
+        wait_until("one replica serving", lambda: a.serving() or b.serving(), replicas)
+        active, standby = (a, b) if a.serving() else (b, a)
+        assert f"-{active.pid}-" in (holder() or ""), holder()
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        wait_until(
+            "the active replica serving commits",
+            lambda: (served_position(postgres.dsn, table) or {}).get("version", -1) >= 10,
+            replicas,
+        )
+        assert not standby.serving(), "the standby served while the other held the lease"
+        active.kill()
+        assert not done.is_set(), "the writer finished before the active replica was killed"
+        go_on.set()
+        wait_until("the standby serving", standby.serving, [standby])
+        assert f"-{standby.pid}-" in (holder() or ""), holder()
+        thread.join(180)
+        assert not errors, errors
+        last = writer.appender.version()
+        wait_position(postgres.dsn, table, last, standby.process)
+        report = standby.stop()
+    finally:
+        for replica in replicas:
+            if replica.process.poll() is None:
+                replica.kill()
+    assert report["version"] == last and report["active_periods"] == 1, report
+    assert report["lease_group"] == group.name
+    assert holder() is None, "a replica that stops releases the lease"
+    assert_served_equals_unified(lake, postgres.dsn, table)
+    assert_unbroken_chain(postgres.dsn, table, last)
+    assert_no_row_written_twice(postgres.dsn, table)
+
+
+def test_lease_needs_follow(minio_lake: Lake, postgres: Postgres, tmp_path: Path) -> None:
+    env = lake_env(minio_lake) | {"DELTABUS_POSTGRES_DSN": postgres.dsn}
+    result = run_cli(["serve", "postgres", "--once", "--lease"], env, tmp_path, timeout=60)
+    assert result.returncode == 2 and "--lease runs until stopped" in result.stderr
+    result = run_cli(["serve", "postgres", "--lease", "--lease-ttl-s", "0.5"], env, tmp_path)
+    assert result.returncode == 2 and "the lease time must be" in result.stderr
