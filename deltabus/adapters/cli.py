@@ -479,6 +479,41 @@ def etl(
     )
 
 
+@app.command("link", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def link(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The link's name, as its program names its Link.")],
+    target: Annotated[
+        str, typer.Option(help="The declared stream the link writes: its partitions are shared.")
+    ],
+    lease_ttl_s: Annotated[
+        float,
+        typer.Option(
+            help="The lease time. A replica not heard from for this long loses its "
+            "partitions to the others (1 .. 600 s).",
+        ),
+    ] = 10.0,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Create this file once the replica has joined its group.")
+    ] = None,
+) -> None:
+    """Run a Pathway link program (the command after --) as one of several replicas that
+    share the link's partitions by leases in the lake (group link.NAME).
+
+    The program runs as a child for the partitions held (`Link` reads them from
+    DELTABUS_LINK and DELTABUS_LINK_PARTITIONS) and restarts when they change. Example:
+    deltabus link eur --target orders_eur -- python eur.py
+    """
+    from deltabus.adapters.link_lease import lease_link
+
+    metrics.set_component("link-lease")
+    command = [a for a in ctx.args if a != "--"] if ctx.args[:1] == ["--"] else list(ctx.args)
+    emit(
+        "link lease report",
+        lease_link(lake(write=True), name, target, command, lease_ttl_s, ready_file),
+    )
+
+
 @app.command()
 @needs_extra("pathway", "deltabus results")
 def results(

@@ -20,12 +20,19 @@ target's tables when it starts (deltabus.bus.fence): an older program of the sam
 still running stops at its next commit. Like the time-zone ETL,
 this costs the engine one row per commit, not per record
 (docs/adr/0010-one-pathway-row-per-input-version.md).
+
+A program may run some of the partitions (`partitions`). Replicas of a link share them
+by leases in the lake when each runs under `deltabus link --lease` (the
+deltabus.adapters.link_lease supervisor), which gives the program the partitions it
+holds in `LINK_ENV` and `PARTITIONS_ENV` and restarts it when they change.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections.abc import Sequence
 
 import pathway as pw
 import pyarrow as pa
@@ -41,6 +48,9 @@ from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 
 log = logging.getLogger(__name__)
+
+LINK_ENV = "DELTABUS_LINK"  # the link a `deltabus link --lease` replica runs
+PARTITIONS_ENV = "DELTABUS_LINK_PARTITIONS"  # the partitions it holds: "0,2"
 
 
 class StreamBatch(pw.Schema):
@@ -63,9 +73,13 @@ class Link:
         target: the declared stream written (`write`), with the source's partition count.
         poll_interval_s: how long a partition's reader waits after finding no new commit.
         commit_interval_s: the writer commits each partition about once per interval.
+        partitions: the partitions this program reads and writes. None: the ones
+            `PARTITIONS_ENV` lists when `LINK_ENV` names this link (a replica of
+            `deltabus link --lease` sets both), else all.
 
     Raises:
-        ConfigError: a stream is not declared, or the partition counts differ.
+        ConfigError: a stream is not declared, the partition counts differ, or a
+            partition is out of range.
     """
 
     def __init__(
@@ -77,6 +91,7 @@ class Link:
         target: str,
         poll_interval_s: float = 0.1,
         commit_interval_s: float = 0.1,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         self.bus = bus
         self.name = name
@@ -88,23 +103,49 @@ class Link:
                 f"{self.target.partitions}",
                 "declare the target with the source's partition count",
             )
+        self.partitions = self._partitions(partitions)
         self.poll_interval_s = poll_interval_s
         self.commit_interval_s = commit_interval_s
         self.stop = threading.Event()
-        self._outputs: list[Output] = []
+        self._outputs: dict[int, Output] = {}
         self.tails: list[_PartitionTail] = []
         self.sinks: list[TableSink] = []
+
+    def _partitions(self, given: Sequence[int] | None) -> list[int]:
+        count = self.target.partitions
+        source = "partitions"
+        if given is None and os.environ.get(LINK_ENV) == self.name:
+            text = os.environ.get(PARTITIONS_ENV, "")
+            source = f"{PARTITIONS_ENV} ({text!r})"
+            try:
+                given = [int(part) for part in text.split(",") if part.strip()]
+            except ValueError:
+                given = []
+            if not given:
+                raise ConfigError(
+                    f"link {self.name}: {source} is not a list of partition indices",
+                    f"leave {LINK_ENV} and {PARTITIONS_ENV} to `deltabus link --lease`",
+                )
+        chosen = sorted(set(range(count) if given is None else given))
+        if not chosen or not all(0 <= p < count for p in chosen):
+            raise ConfigError(
+                f"link {self.name}: {source} {chosen} are not partitions of "
+                f"{self.target.name} (0..{count - 1})",
+                f"give partition indices from 0 to {count - 1}",
+            )
+        return chosen
 
     def app_id(self, partition: int) -> str:
         return f"pathway:{self.name}:p{partition}"
 
-    def outputs(self) -> list[Output]:
-        """The target's partition tables, opened and claimed on the first call (an older
-        program of this link stops at its next commit)."""
+    def outputs(self) -> dict[int, Output]:
+        """This program's partition tables of the target, by partition, opened and
+        claimed on the first call (an older program of this link stops at its next
+        commit)."""
         if not self._outputs:
             target = self.target
-            self._outputs = [
-                open_output(
+            self._outputs = {
+                p: open_output(
                     self.bus.lake,
                     target.table(p),
                     target.schema,
@@ -114,14 +155,15 @@ class Link:
                     properties=target.settings.properties(),
                     checkpoint_interval=target.settings.checkpoint_interval,
                 )
-                for p in range(target.partitions)
-            ]
+                for p in self.partitions
+            }
         return self._outputs
 
     def positions(self) -> dict[int, int]:
-        """Per partition: the last source version in the target (-1: none)."""
+        """Per partition of this program: the last source version in the target (-1:
+        none)."""
         positions = {}
-        for p, output in enumerate(self.outputs()):
+        for p, output in self.outputs().items():
             marker = position_marker(self.app_id(p), self.source.table(p))
             last = output.appender.transaction_version(marker)
             positions[p] = -1 if last is None else last
@@ -144,7 +186,7 @@ class Link:
         (deltabus.connectors.pathway.sink). A failed commit, rows that do not fit the
         target, or a newer program of this link stop the reader: `pw.run()` returns and
         `close()` raises the error."""
-        for p, output in enumerate(self.outputs()):
+        for p, output in self.outputs().items():
             sink = TableSink(
                 output,
                 self.commit_interval_s,
@@ -190,7 +232,7 @@ class Link:
             DeltabusError: what stopped the link, if anything did (`FencedError`: a newer
                 program of this link took over; a `ConfigError`: rows that did not fit).
         """
-        for output in self._outputs:
+        for output in self._outputs.values():
             output.close()
         if self.error is not None:
             raise self.error
