@@ -41,6 +41,7 @@ __all__ = [
     "StreamPartition",
     "StreamSettings",
     "Transform",
+    "TransformGroup",
     "connect",
     "key_partition",
     "partition_table",
@@ -69,6 +70,7 @@ _HOMES = {
     "Stream": "deltabus.bus.streams",
     "StreamSettings": "deltabus.bus.streams",
     "Transform": "deltabus.bus.transform",
+    "TransformGroup": "deltabus.bus.transform",
     "connect": "deltabus.bus.client",
     "key_partition": "deltabus.bus.partitioning",
     "partition_table": "deltabus.bus.partitions",
@@ -84,7 +86,7 @@ if TYPE_CHECKING:
     from deltabus.bus.positions import position_marker
     from deltabus.bus.producer import BufferFullError, Producer, RecordError, recorded_marks
     from deltabus.bus.streams import Stream, StreamSettings
-    from deltabus.bus.transform import Source, Transform
+    from deltabus.bus.transform import Source, Transform, TransformGroup
     from deltabus.core.errors import (
         ConfigError,
         DeltabusError,

@@ -19,7 +19,6 @@ import sys
 import threading
 
 import deltabus
-from deltabus.bus.transform import TransformGroup
 from tests.bus_worker import to_eur
 
 
@@ -30,10 +29,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         if sys.argv[1] == "group":
-            orders, eur = bus.stream("orders"), bus.stream("orders_eur")
-            replica = TransformGroup(
-                bus.lake, "eur", [orders], eur, to_eur, ttl_s=float(sys.argv[2])
-            )
+            ttl_s = float(sys.argv[2])
+            replica = bus.transform_group("eur", "orders", "orders_eur", to_eur, ttl_s=ttl_s)
             print(json.dumps({"member": replica.member, "pid": os.getpid()}), flush=True)
             replica.run(stop)
         else:

@@ -32,7 +32,7 @@ from deltabus.bus.streams import (
     get_stream,
     list_streams,
 )
-from deltabus.bus.transform import Transform, TransformFn
+from deltabus.bus.transform import Transform, TransformFn, TransformGroup
 from deltabus.core.settings import load_settings
 from deltabus.delta.lake import Lake
 
@@ -232,8 +232,12 @@ class Bus:
                 output under it.
             inputs: declared streams with `output`'s partition count.
             output: the declared stream written.
-            partition: the partition this instance transforms (run one per partition).
+            partition: the partition this instance transforms (one per partition, or
+                `transform_group` for replicas that share them).
             fn: maps a batch of input rows (with `diff`) to output rows.
+
+        Opening it claims the output partition: an older process of it (or any other
+        fenced writer of that partition) stops with `FencedError` at its next commit.
 
         Raises:
             ConfigError: a stream is not declared, or the partition counts differ.
@@ -243,8 +247,39 @@ class Bus:
             self.lake, name, [self.stream(n) for n in names], self.stream(output), partition, fn
         )
 
+    def transform_group(
+        self,
+        name: str,
+        inputs: str | list[str],
+        output: str,
+        fn: TransformFn,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+    ) -> TransformGroup:
+        """One replica of an exactly-once transform from `inputs` to `output`: run any
+        number of them, on any hosts, and they share the partitions by leases in the lake
+        (group `transform.<name>`); call `.run(stop)` (deltabus.bus.transform).
+
+        Args:
+            name, inputs, output, fn: as `transform`'s.
+            ttl_s: a replica silent this long loses its partitions to the others.
+
+        Raises:
+            ConfigError: a stream is not declared, the partition counts differ, or
+                `transform.<name>` is not a usable group name.
+        """
+        names = [inputs] if isinstance(inputs, str) else list(inputs)
+        return TransformGroup(
+            self.lake,
+            name,
+            [self.stream(n) for n in names],
+            self.stream(output),
+            fn,
+            ttl_s=ttl_s,
+        )
+
     def output_holder(self, table: str) -> dict[str, Any] | None:
-        """Who holds fenced output `table` (an ETL, a Pathway link), or None when no
+        """Who holds fenced output `table` (an ETL, a Pathway link, a transform), or None when no
         writer ever claimed it (or the table does not exist).
 
         Returns:
