@@ -167,9 +167,14 @@ def test_a_standby_sink_takes_over_from_a_killed_active_one_exactly_once(
     assert_no_row_written_twice(postgres.dsn, table)
 
 
-def test_lease_needs_follow(minio_lake: Lake, postgres: Postgres, tmp_path: Path) -> None:
+def test_a_leased_sink_needs_follow_and_a_usable_lease_time(
+    minio_lake: Lake, postgres: Postgres, tmp_path: Path
+) -> None:
     env = lake_env(minio_lake) | {"DELTABUS_POSTGRES_DSN": postgres.dsn}
     result = run_cli(["serve", "postgres", "--once", "--lease"], env, tmp_path, timeout=60)
     assert result.returncode == 2 and "--lease runs until stopped" in result.stderr
     result = run_cli(["serve", "postgres", "--lease", "--lease-ttl-s", "0.5"], env, tmp_path)
     assert result.returncode == 2 and "the lease time must be" in result.stderr
+    env["DELTABUS_OPENSEARCH_URL"] = "http://127.0.0.1:9"  # never reached
+    result = run_cli(["serve", "opensearch", "--once", "--lease"], env, tmp_path, timeout=60)
+    assert result.returncode == 2 and "--lease runs until stopped" in result.stderr
