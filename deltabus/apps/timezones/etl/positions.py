@@ -45,11 +45,12 @@ def recorded_positions(
 
 
 def recorded_finished_runs(dt: DeltaTable) -> dict[str, set[str]]:
-    """Producer runs the ETL already saw finish, per input table, from its newest commit.
+    """Producer runs the ETL already saw finish, per input table, from the newest of the
+    unified table's last 50 commits that records them (empty when none of them does).
 
-    Bounded mode stops once the expected producers have finished. Their finish markers
-    may sit in input log files that have expired by the time an ETL restarts, so every
-    unified commit also carries the finished runs seen so far.
+    Input tables written before the `finished` mark carry a run's finish only in commit
+    metadata, which log cleanup removes: every unified commit also records the finished
+    runs seen so far (maintenance commits and log cleanup can push that record out too).
     """
     info = find_commit(dt, lambda c: meta(c, "etl.finished_runs") is not None, limit=50)
     recorded = meta(info, "etl.finished_runs") if info else {}
