@@ -23,7 +23,7 @@ import deltabus
 from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, PIPELINE_TABLES
 from deltabus.apps.timezones.producer import Producer, ProducerConfig, build_batches
-from deltabus.core.net import free_port
+from deltabus.core.net import restartable_port
 from deltabus.delta.lake import Lake
 from deltabus.delta.maintenance import maintain
 from deltabus.delta.tables import TABLE_CONFIGURATION
@@ -164,14 +164,15 @@ def test_producer_killed_and_restarted_writes_nothing_twice(minio_lake: Lake, tm
 
 @pytest.fixture
 def own_minio(tmp_path: Path):
-    """A MinIO of this test's own, so stopping it disturbs no other test."""
+    """A MinIO of this test's own, so stopping it disturbs no other test; on a port no
+    client's source port can take while it is down."""
     binary = find_minio()
     if binary is None:
         if IN_CI:
             pytest.fail("MinIO is required in CI")
         pytest.skip("no MinIO binary")
     server = MinioServer(
-        tmp_path / "own-minio", "outage-key", "outage-secret-1234", free_port(), binary
+        tmp_path / "own-minio", "outage-key", "outage-secret-1234", restartable_port(), binary
     )
     server.start()
     yield server

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import urllib.error
 import urllib.request
@@ -12,6 +13,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux's default when
+    it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def restartable_port() -> int:
+    """A free loopback port outside the ephemeral range, for a server that is stopped
+    and started again on it.
+
+    A client retrying a stopped server on a port of that range can be given the same port
+    as its own source and connect to itself, holding the port so the server cannot bind
+    it again."""
+    low, _ = ephemeral_range()
+    candidates = list(range(10_000, max(10_001, low)))
+    random.shuffle(candidates)
+    for port in candidates[:500]:
+        if not port_taken(port):
+            return port
+    return free_port()
 
 
 def free_ports(count: int) -> list[int]:
