@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,10 +42,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from deltabus.adapters.lease_children import (
+    BACKOFF_S,
+    FATAL_STATUS,
+    STEADY_S,
+    STOP_TIMEOUT_S,
+    claimed_since,
+    kill,
+)
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.etl.config import EtlConfig
 from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
-from deltabus.bus.fence import current_epoch, epoch_owner
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Membership
 from deltabus.core import health, metrics
 from deltabus.core.errors import ConfigError, DeltabusError
@@ -63,11 +69,7 @@ GROUP = f"etl.{UNIFIED_TABLE}"
 #   up a partition stops, and its other partitions restart together in a new child.
 CHILD_MODES = ("per-partition", "per-set", "per-batch")
 SPARE = "-"  # the --partition-list of a spare: read the partitions from stdin
-STOP_TIMEOUT_S = 20.0  # a child told to stop is killed after this
-BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before restarting a failed child, by failures
-STEADY_S = 60.0  # a child that ran this long before failing starts its backoff afresh
 SPARE_EVERY_S = 10.0  # at most one spare started per this many seconds
-FATAL_STATUS = 2  # `deltabus`'s status for an error the user must fix
 MIN_TTL_S, MAX_TTL_S = 1.0, 600.0
 LOOP_S = 0.1  # how often children are checked
 
@@ -238,7 +240,7 @@ class EtlSupervisor:
             if self.spare is not None:
                 _dismiss(self.spare[0])
             for child in self.children.values():  # only after a failure of the loop itself
-                _kill(child.proc)
+                kill(child.proc)
             for s, handler in previous.items():
                 signal.signal(s, handler)
             shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -313,7 +315,7 @@ class EtlSupervisor:
         for child in self.children.values():
             if child.partitions & gone:
                 log.warning("%s: lease lost, killing it", child.label)
-                _kill(child.proc)
+                kill(child.proc)
                 child.stopping_since = child.stopping_since or time.monotonic()
 
     # -- children ---------------------------------------------------------------------------
@@ -446,7 +448,7 @@ class EtlSupervisor:
                 stopping = child.stopping_since
                 if stopping is not None and time.monotonic() - stopping > STOP_TIMEOUT_S:
                     log.warning("%s did not stop in %.0fs; killing it", child.label, STOP_TIMEOUT_S)
-                    _kill(child.proc)
+                    kill(child.proc)
                 continue
             del self.children[key]
             if child.stopping_since is not None or self.stop.is_set():
@@ -487,17 +489,8 @@ class EtlSupervisor:
 
     def _fenced(self, child: _Child) -> bool:
         """True when a writer that started after `child` claimed one of its tables."""
-        host = socket.gethostname()
-        for i in sorted(child.partitions):
-            try:
-                dt = self.lake.open(self.tables[i])
-                owner = epoch_owner(dt, current_epoch(dt)) or {}
-            except Exception:  # noqa: BLE001 - unreadable now: not known to be fenced
-                continue
-            ours = owner.get("pid") == child.proc.pid and owner.get("host") == host
-            if not ours and float(owner.get("started", 0)) > child.started_wall:
-                return True
-        return False
+        tables = [self.tables[i] for i in sorted(child.partitions)]
+        return claimed_since(self.lake, tables, child.proc.pid, child.started_wall)
 
     def _mark_ready(self) -> None:
         """Report ready (health endpoint) once the replica has joined, and write the ready
@@ -533,15 +526,7 @@ def _dismiss(proc: subprocess.Popen) -> None:
         proc.terminate()
         proc.wait(10)
     except (OSError, subprocess.TimeoutExpired):
-        _kill(proc)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
+        kill(proc)
 
 
 def lease_etl(

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from deltabus.bus.fence import current_epoch, epoch_owner
+from deltabus.adapters.lease_children import (
+    BACKOFF_S,
+    FATAL_STATUS,
+    STEADY_S,
+    STOP_TIMEOUT_S,
+    claimed_since,
+    kill,
+)
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Membership, check_group
 from deltabus.core import health
 from deltabus.core.errors import ConfigError, DeltabusError
@@ -46,10 +52,6 @@ log = logging.getLogger(__name__)
 
 LINK_ENV = "DELTABUS_LINK"  # as deltabus.connectors.pathway.link, which loads Pathway
 PARTITIONS_ENV = "DELTABUS_LINK_PARTITIONS"
-STOP_TIMEOUT_S = 20.0  # a child told to stop is killed after this
-BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # before restarting a failed child, by failures
-STEADY_S = 60.0  # a child that ran this long before failing starts its backoff afresh
-FATAL_STATUS = 2  # a `DeltabusError` the user must fix
 MIN_TTL_S, MAX_TTL_S = 1.0, 600.0
 LOOP_S = 0.1  # how often the child is checked
 
@@ -159,7 +161,7 @@ class LinkSupervisor:
             self._wind_down()
         finally:
             if self.child is not None:  # only after a failure of the loop itself
-                _kill(self.child.proc)
+                kill(self.child.proc)
             for s, handler in previous.items():
                 signal.signal(s, handler)
         self.report.elapsed_s = round(time.monotonic() - started, 3)
@@ -232,7 +234,7 @@ class LinkSupervisor:
         child = self.child
         if child is not None and child.partitions & gone:
             log.warning("%s: lease lost, killing it", child.label)
-            _kill(child.proc)
+            kill(child.proc)
             child.stopping_since = child.stopping_since or time.monotonic()
 
     def _active(self) -> frozenset[int]:
@@ -298,7 +300,7 @@ class LinkSupervisor:
             stopping = child.stopping_since
             if stopping is not None and time.monotonic() - stopping > STOP_TIMEOUT_S:
                 log.warning("%s did not stop in %.0fs; killing it", child.label, STOP_TIMEOUT_S)
-                _kill(child.proc)
+                kill(child.proc)
             return
         self.child = None
         if child.stopping_since is not None or self.stop.is_set():
@@ -334,17 +336,8 @@ class LinkSupervisor:
 
     def _fenced(self, child: _Child) -> bool:
         """True when a writer that started after `child` claimed one of its tables."""
-        host = socket.gethostname()
-        for i in sorted(child.partitions):
-            try:
-                dt = self.lake.open(self.tables[i])
-                owner = epoch_owner(dt, current_epoch(dt)) or {}
-            except Exception:  # noqa: BLE001 - unreadable now: not known to be fenced
-                continue
-            ours = owner.get("pid") == child.proc.pid and owner.get("host") == host
-            if not ours and float(owner.get("started", 0)) > child.started_wall:
-                return True
-        return False
+        tables = [self.tables[i] for i in sorted(child.partitions)]
+        return claimed_since(self.lake, tables, child.proc.pid, child.started_wall)
 
     def _mark_ready(self) -> None:
         """Report ready (health endpoint) once the replica has joined, and write the ready
@@ -356,14 +349,6 @@ class LinkSupervisor:
         record = {"pid": os.getpid(), "member": self.membership.member, "group": self.group}
         tmp.write_text(json.dumps(record))
         tmp.replace(self.ready_file)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
 
 
 def lease_link(
