@@ -23,6 +23,7 @@ from deltabus.adapters.bench.workload import ProducerSpec
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
+from deltabus.delta.retention import oldest_version
 from tests.conftest import lake_env, minio_settings_for, run_cli
 
 pytestmark = [pytest.mark.slow]
@@ -117,14 +118,22 @@ def test_scheduled_before_follows_the_producers_rounding() -> None:
         assert scheduled_before(spec, at_us) == int(np.count_nonzero(offsets < at_us))
 
 
-def _window(k: int, p99: float, rss: dict[str, float], objects: int | None) -> dict:
+def _window(
+    k: int, p99: float, rss: dict[str, float], objects: int | None, checkpoint: int = 1_000
+) -> dict:
     return {
         "window": k,
         "start_s": 60 + (k - 1) * 600,
         "end_s": 60 + k * 600,
         "p99_s": p99,
         "rss_mb": rss,
-        "objects": None if objects is None else {"objects": objects, "bytes": 1},
+        "objects": None
+        if objects is None
+        else {
+            "objects": objects,
+            "bytes": 10 * objects,
+            "by_table": {"timezone1": {"objects": objects, "checkpoint_bytes": checkpoint}},
+        },
     }
 
 
@@ -133,21 +142,38 @@ def test_goals_are_evaluated_against_their_targets() -> None:
         _window(k, 0.40 + 0.01 * (k % 2), {"etl": 500 + k, "minio": 300}, 9_000 + (k % 3))
         for k in range(1, 13)
     ]
-    goals = evaluate_goals(steady, interval_s=600, vacuum_hours=1, log_retention_s=600)
-    assert [g["met"] for g in goals] == [True, True, True]
+    goals = evaluate_goals(
+        steady, interval_s=600, vacuum_hours=1, log_retention_s=600, retention_s=900
+    )
+    assert [g["met"] for g in goals] == [True, True, True, True, True]
     assert in_force_after_s(600, 1, 600) == 300 + 3600 + 600
-    assert goals[2]["figure"].startswith("9,")  # windows from 75 min after the warm-up on
+    assert in_force_after_s(600, 1, 600, 7200) == 300 + 7200 + 600
+    assert goals[3]["figure"].startswith("9,")  # windows from 75 min after the warm-up on
+    assert "GiB" in goals[4]["figure"]
 
-    drifting = [
-        _window(k, 0.4 * (1 + 0.05 * k), {"etl": 500 * (1 + 0.02 * k)}, 1_000 * k)
+    # Window 1 fills the state: the steady goals start from window 2.
+    settling = [
+        _window(
+            k, 0.2 if k == 1 else 0.4, {"etl": 300 if k == 1 else 500}, 9_000, 10 + 990 * (k > 1)
+        )
         for k in range(1, 13)
     ]
-    p99, rss, objects = evaluate_goals(
+    p99, rss, checkpoint, _ = evaluate_goals(
+        settling, interval_s=600, vacuum_hours=1, log_retention_s=600
+    )
+    assert p99["met"] and rss["met"] and checkpoint["met"], (p99, rss, checkpoint)
+
+    drifting = [
+        _window(k, 0.4 * (1 + 0.05 * k), {"etl": 500 * (1 + 0.02 * k)}, 1_000 * k, 1_000 * k)
+        for k in range(1, 13)
+    ]
+    p99, rss, checkpoint, objects = evaluate_goals(
         drifting, interval_s=600, vacuum_hours=1, log_retention_s=None
     )
-    assert p99["met"] is False and p99["value"] == pytest.approx(1.6 / 1.05 - 1, abs=1e-3)
-    assert "→" in p99["figure"] and p99["target"] == "within ±15%"
+    assert p99["met"] is False and p99["value"] == pytest.approx(1.6 / 1.10 - 1, abs=1e-3)
+    assert p99["figure"].endswith("window 12)") and p99["target"] == "within ±15%"
     assert rss["met"] is False and rss["by_process"]["etl"]["window"] == 12
+    assert checkpoint["met"] is False and checkpoint["by_table"]["timezone1"]["growth"] == 5.0
     assert objects["met"] is False
 
     # A store profile's proxies are shown, not judged.
@@ -164,7 +190,7 @@ def test_goals_are_evaluated_against_their_targets() -> None:
 
     short = steady[:2]
     goals = evaluate_goals(short, interval_s=30, vacuum_hours=24, log_retention_s=600)
-    assert goals[2]["met"] is None and "not evaluated" in goals[2]["figure"]
+    assert goals[3]["met"] is None and "not evaluated" in goals[3]["figure"]
 
 
 def test_soak_options_are_checked() -> None:
@@ -192,9 +218,17 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
     out = tmp_path / "out"
     args = ["bench", "--rates", "2000", "--warmup", "5", "--soak-minutes", "2"]
     args += ["--window-minutes", "0.5", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    args += ["--retention-s", "60"]
     result = run_cli(args, lake_env(lake), tmp_path, timeout=480)
     assert result.returncode == 0, result.stderr[-3000:]
-    for word in ("p99 of the last window vs the first", "resident memory", "objects under"):
+    for word in (
+        "p99 of every later window",
+        "resident memory",
+        "newest checkpoint of every table",
+        "objects under",
+        "bytes under",
+        "records' retention 60 s",
+    ):
         assert word in result.stdout
 
     report = json.loads((out / "windows.json").read_text())
@@ -234,14 +268,20 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
         assert load["1m_mean"] is not None and len(load["at_end"]) == 3
         assert set(w["maintenance"]) >= {"passes", "seconds", "files_compacted"}
     assert sum(w["maintenance"]["passes"] for w in report["windows"]) >= 3
+    assert report["windows"][-1]["objects"]["by_table"]["timezone1"]["checkpoint_bytes"] > 0
     goals = report["goals"]
-    assert len(goals) == 3 and all(g["met"] in (True, False, None) for g in goals)
+    assert len(goals) == 5 and all(g["met"] in (True, False, None) for g in goals)
     assert all(g["figure"] and g["target"] for g in goals)
-    assert goals[2]["met"] is None  # 24 h vacuum retention: not in force within 2 minutes
+    assert goals[2]["met"] is not None  # checkpoints are compared from window 2 on
+    assert goals[3]["met"] is None  # 24 h vacuum retention: not in force within 2 minutes
+    # --retention-s 60 dropped the records of the first minute from every table.
+    run_lake = Lake(lake.settings.with_prefix(report["lake_prefix"]))
+    for table in ("timezone1", "timezone2", "timezone_unified"):
+        assert oldest_version(run_lake, table) > 0, table
 
     md = (out / "windows.md").read_text()
     assert "## Goals" in md and "## CPU per component" in md and "## Resident memory" in md
-    assert md.count("\n| 4 ") == 3  # window 4 in the latency, CPU and memory tables
+    assert md.count("\n| 4 ") == 4  # window 4 in the latency, CPU, memory, checkpoint tables
     png = out / "windows.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
     # No per-message analysis: no samples table, no report.md.

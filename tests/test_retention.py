@@ -413,3 +413,20 @@ def test_retention_settings_are_recorded_and_older_declarations_read_as_none(
     with pytest.raises(deltabus.ConfigError, match="auto_offset_reset"):
         bus.consumer("orders", group="g", auto_offset_reset="smallest")
     assert bus.stream("orders").revision == 1  # refusals recorded nothing
+
+
+def test_a_slow_stream_compacted_every_pass_still_ages_out(minio_lake: Lake) -> None:
+    """Compaction under a retention by time keeps files of different time segments apart,
+    so a stream whose history fits in one file does not merge it, pass after pass, into a
+    file as new as its newest record, which retention would never drop."""
+    bus = deltabus.Bus(minio_lake)
+    bus.create_stream("slow", SCHEMA, settings=deltabus.StreamSettings(retention_s=2))
+    produce(bus, "slow", range(0, 10), flushes=2)
+    for k in range(3):  # a pass every 1.1 s, each after two more small commits
+        time.sleep(1.1)
+        produce(bus, "slow", range(100 + 10 * k, 110 + 10 * k), flushes=2)
+        bus.maintain("slow")
+    kept = live_ids(minio_lake, bus.stream("slow"))
+    assert 0 not in kept and 120 in kept, kept  # over 3 s old: dropped; the newest: kept
+    (table,) = bus.stream("slow").tables
+    assert oldest_version(minio_lake, table) > 0

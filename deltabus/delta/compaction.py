@@ -73,11 +73,18 @@ class Compacted:
 
 
 def plan_compaction(
-    lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES, dt: DeltaTable | None = None
+    lake: Lake,
+    table: str,
+    target_bytes: int = TARGET_FILE_BYTES,
+    dt: DeltaTable | None = None,
+    segment_ms: int | None = None,
 ) -> CompactionPlan | None:
     """Bins of the table's files smaller than `target_bytes`, oldest first, each bin at
     most `target_bytes` of Parquet, read from `dt` when given (else the table is loaded);
-    a bin of one file is not a rewrite. None when this
+    a bin of one file is not a rewrite. With `segment_ms`, a bin holds only files written
+    within one segment (`modificationTime // segment_ms`), as Kafka rolls a log segment by
+    time: a slow stream's files then still age out under a retention by time, instead of
+    being merged again and again into one file as new as its newest record. None when this
     module does not rewrite the table (a feature a plain writer does not honour, deletion
     vectors, or file names that need escaping); the caller then uses delta-rs."""
     if dt is None:
@@ -103,10 +110,14 @@ def plan_compaction(
     plan = CompactionPlan(table, dt.version())
     current: list[dict[str, Any]] = []
     size = 0
+    segment = None
     for add in small:
-        if current and size + add["size"] > target_bytes:
+        at = add["modificationTime"]
+        here = None if segment_ms is None or at is None else int(at) // segment_ms
+        if current and (size + add["size"] > target_bytes or here != segment):
             plan.bins.append(current)
             current, size = [], 0
+        segment = here
         current.append(add)
         size += add["size"]
     if current:
@@ -116,16 +127,21 @@ def plan_compaction(
 
 
 def compact(
-    lake: Lake, table: str, target_bytes: int = TARGET_FILE_BYTES, dt: DeltaTable | None = None
+    lake: Lake,
+    table: str,
+    target_bytes: int = TARGET_FILE_BYTES,
+    dt: DeltaTable | None = None,
+    segment_ms: int | None = None,
 ) -> Compacted | None:
-    """Rewrite the table's small files and commit the rewrite beside live writers.
+    """Rewrite the table's small files (in bins of one time segment each with
+    `segment_ms`, see `plan_compaction`) and commit the rewrite beside live writers.
 
     Returns None when the table needs delta-rs (see `plan_compaction`), and a `Compacted`
     with 0 files when there was nothing to rewrite. Raises CompactionConflict when another
     commit removed an input file or changed the schema first; nothing is then committed
     and the files written are deleted.
     """
-    plan = plan_compaction(lake, table, target_bytes, dt)
+    plan = plan_compaction(lake, table, target_bytes, dt, segment_ms)
     if plan is None:
         return None
     if not plan.bins:

@@ -31,6 +31,8 @@ from deltabus.delta.retention import (
 log = logging.getLogger(__name__)
 
 
+# Compaction keeps a table under a retention by time in segments of a tenth of it.
+SEGMENTS_PER_RETENTION = 10
 # Delta's default `delta.deletedFileRetentionDuration`.
 DEFAULT_DELETED_FILE_RETENTION_HOURS = 7 * 24.0
 _INTERVAL = re.compile(r"\s*interval\s+(\d+)\s+([a-z]+?)s?\s*", re.IGNORECASE)
@@ -106,7 +108,8 @@ def maintain_table(
         except RetentionConflict as exc:
             log.info("retention of %s left to the next pass: %s", table, exc)
         retry_storage(dt.update_incremental, what=f"load {table}")
-    compacted, added = _compact(lake, table, dt) if compaction else (0, 0)
+    segment_ms = segment_for(retention)
+    compacted, added = _compact(lake, table, dt, segment_ms) if compaction else (0, 0)
     retry_storage(dt.update_incremental, what=f"load {table}")
     retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
     checkpoint = dt.version()
@@ -148,12 +151,22 @@ def maintain_table(
     )
 
 
-def _compact(lake: Lake, table: str, dt: DeltaTable) -> tuple[int, int]:
+def segment_for(retention: RetentionPolicy | None) -> int | None:
+    """Compaction's time segment in ms under `retention`: a tenth of a retention by time
+    (at least a second), so records outlive it by at most about a tenth; None without one."""
+    if retention is None or retention.max_age_s is None:
+        return None
+    return max(1, retention.max_age_s // SEGMENTS_PER_RETENTION) * 1000
+
+
+def _compact(
+    lake: Lake, table: str, dt: DeltaTable, segment_ms: int | None = None
+) -> tuple[int, int]:
     """Files removed and added by compacting `table`: beside live writers where this
     package can rewrite the table (deltabus.delta.compaction), else by delta-rs. A conflict
     with another writer's delete or schema change leaves the files to the next pass."""
     try:
-        done = compact(lake, table, dt=dt)
+        done = compact(lake, table, dt=dt, segment_ms=segment_ms)
     except CompactionConflict as exc:
         log.info("compaction of %s left to the next pass: %s", table, exc)
         return 0, 0

@@ -81,6 +81,9 @@ class BenchConfig:
     window_minutes: float = 10.0
     vacuum_retention_hours: int | None = None  # None: max(24 h, 4 x the run)
     log_retention_s: int | None = None  # None: the lake settings' (DELTABUS_LOG_RETENTION_S)
+    # Records' retention of the run's tables (inputs and unified), applied by the soak's
+    # maintenance passes (deltabus.delta.retention); None: records are kept.
+    retention_s: int | None = None
     grace: float = 20.0  # seconds without progress after the producer ends => lost
     consumer_poll_ms: float = 20.0
     etl_poll_ms: float | None = None  # None: the ETL's own default
@@ -137,7 +140,17 @@ class BenchConfig:
             )
         if self.log_retention_s is not None and self.log_retention_s < 10:
             raise ConfigError(f"--log-retention-s must be at least 10, got {self.log_retention_s}")
+        if self.retention_s is not None and self.retention_s < 60:
+            raise ConfigError(
+                f"--retention-s must be at least 60, got {self.retention_s}",
+                "records younger than a reader's lag must stay in the tables",
+            )
         self._check_windowed()
+        if self.retention_s is not None and not self.maintenance:
+            raise ConfigError(
+                "--retention-s is applied by the maintenance passes of a soak",
+                "add --soak or --soak-minutes",
+            )
         if not 0 <= self.idle_s <= 3600:
             raise ConfigError("--idle-s must be 0..3600 seconds")
         if self.grace <= 0:

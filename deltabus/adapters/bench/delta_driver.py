@@ -244,6 +244,8 @@ class DeltaDriver:
         ]
         if first_at is not None:
             args += ["--first-at", f"{first_at:.3f}"]
+        if cfg.retention_s is not None:
+            args += ["--retention-s", str(cfg.retention_s)]
         return ChildProcess(f"{self.tag}-maintenance", args, self.env, self.bench.work).start()
 
     def _begin_soak(self, start_ms: float) -> None:

@@ -2,8 +2,11 @@
 
 Runs as its own process (`python -m deltabus.adapters.bench.maintenance_loop --interval 60`) on
 the lake the DELTABUS_* environment names, printing one JSON line per pass, until
-SIGTERM. Vacuum's retention (`--retention-hours`, whole hours, default 24) is far longer
-than any reader's lag, so vacuum never removes a file a lagging reader still needs.
+SIGTERM. `--retention-s` drops the records committed longer ago from every table of the
+pipeline (deltabus.delta.retention); otherwise only the unified table's
+DELTABUS_UNIFIED_RETENTION_S applies. Vacuum's retention (`--retention-hours`, whole
+hours, default 24) is far longer than any reader's lag, so vacuum never removes a file a
+lagging reader still needs.
 
 Without `--first-at`, a pass starts `--interval` s after the previous one ended (and
 after the start). With `--first-at EPOCH_S`, passes are due at EPOCH_S + k x interval
@@ -26,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between passes")
     parser.add_argument("--retention-hours", type=float, default=24.0)
     parser.add_argument(
+        "--retention-s", type=int, default=None, help="records' retention of every table"
+    )
+    parser.add_argument(
         "--first-at", type=float, default=None, help="epoch seconds of the first pass"
     )
     args = parser.parse_args(argv)
@@ -38,14 +44,18 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging()
     lake = Lake(load_settings())
-    unified = {UNIFIED_TABLE: RetentionPolicy(max_age_s=lake.settings.unified_retention_s)}
+    tables = (*INPUT_TABLES, UNIFIED_TABLE)
+    if args.retention_s is not None:
+        retention = dict.fromkeys(tables, RetentionPolicy(max_age_s=args.retention_s))
+    else:
+        unified_s = lake.settings.unified_retention_s
+        retention = {UNIFIED_TABLE: RetentionPolicy(max_age_s=unified_s)}
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(_until_next(args.first_at, args.interval)):
         started = time.time()
         try:
-            tables = (*INPUT_TABLES, UNIFIED_TABLE)
-            done = maintain(lake, tables, args.retention_hours, retention=unified)
+            done = maintain(lake, tables, args.retention_hours, retention=retention)
             event = {
                 "event": "pass",
                 "start_ms": started * 1000,

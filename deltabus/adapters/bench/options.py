@@ -189,6 +189,15 @@ LogRetentionS = Annotated[
     ),
 ]
 
+RetentionS = Annotated[
+    int | None,
+    typer.Option(
+        help="Soak: records' retention of the run's tables in seconds (a stream's retention_s, "
+        "Kafka's retention.ms), applied by every maintenance pass to both input tables and "
+        "the unified table. Default: records are kept."
+    ),
+]
+
 Grace = Annotated[
     float,
     typer.Option(

@@ -73,13 +73,17 @@ class Bench:
         the store profile's proxies, sampled per window by a windowed soak. A
         `cfg.log_retention_s` overrides the settings' log retention for every table and
         process of the run; a run with maintenance keeps removed files in its tables' log
-        state as long as vacuum's retention, unless the settings give a retention."""
+        state for the log retention (vacuum's when there is none), unless the settings give
+        a deleted-file retention."""
         self.cfg = cfg
         if cfg.log_retention_s is not None:
             settings = settings.model_copy(update={"log_retention_s": cfg.log_retention_s})
         if cfg.maintenance and settings.deleted_file_retention_s is None:
-            # Removed files leave the log state when vacuum may delete them (docs/adr/0035).
-            update = {"deleted_file_retention_s": cfg.vacuum_hours * 3600}
+            # No reader is served a version older than the log retention, and the soak's
+            # vacuum is full (its retention is at least an hour): the removes need not stay
+            # in the state any longer (docs/adr/0035).
+            kept = settings.log_retention_s or cfg.vacuum_hours * 3600
+            update = {"deleted_file_retention_s": min(kept, cfg.vacuum_hours * 3600)}
             settings = settings.model_copy(update=update)
         self.settings = settings
         self.metrics_endpoint = metrics_endpoint or settings.minio_endpoint

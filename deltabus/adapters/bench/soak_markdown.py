@@ -18,6 +18,7 @@ def soak_markdown(report: dict[str, Any]) -> str:
     lines += _by_name(
         windows, "rss_mb", "Resident memory per process (MB at the window's end)", "{:.0f}"
     )
+    lines += _checkpoint_lines(windows)
     lines += _accounting_lines(report)
     if report["complete"]:
         lines += ["", "![p50 / p99, resident memory and objects per window](windows.png)"]
@@ -43,7 +44,8 @@ def _summary_lines(report: dict[str, Any]) -> list[str]:
         f"{report['windows_planned']} windows of {report['window_minutes']:g} min",
         f"- maintenance every {m['interval_s']:g} s from half an interval into window 1 "
         f"(compact, checkpoint, log cleanup, vacuum with {m['vacuum_retention_hours']} h "
-        f"retention); log retention {_v(m['log_retention_s'], '{} s')}; passes "
+        f"retention); log retention {_v(m['log_retention_s'], '{} s')}; records' retention "
+        f"{_v(m.get('retention_s'), '{} s')}; passes "
         f"{m['passes']}, errors {len(m['errors'])}",
         f"- machine: {report['machine']}",
         f"- command: `{report['command']}`",
@@ -124,6 +126,25 @@ def _accounting_lines(report: dict[str, Any]) -> list[str]:
     for n in report.get("notes", []):
         lines.append(f"- note: {n}")
     return lines
+
+
+def _checkpoint_lines(windows: list[dict]) -> list[str]:
+    """Per window, the size of every table's newest checkpoint (MiB)."""
+    sized = [
+        {
+            "window": w["window"],
+            "checkpoint": {
+                t: v.get("checkpoint_bytes", 0) / 2**20 for t, v in w["objects"]["by_table"].items()
+            },
+        }
+        for w in windows
+        if w["objects"] is not None
+    ]
+    if not sized:
+        return []
+    return _by_name(
+        sized, "checkpoint", "Newest checkpoint per table (MiB at the window's end)", "{:.2f}"
+    )
 
 
 def _minutes(seconds: float) -> str:

@@ -22,6 +22,16 @@ log = logging.getLogger("deltabus.adapters.bench")
 MB = 1024 * 1024
 
 
+def _checkpoint_version(rel: str) -> int | None:
+    """The version of a checkpoint file (`<table>/_delta_log/<version>.checkpoint...parquet`),
+    None for any other object."""
+    head, _, name = rel.rpartition("/")
+    if not head.endswith("_delta_log") or ".checkpoint." not in name:
+        return None
+    digits = name.split(".", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
 class ObjectCounter:
     """Objects and bytes under one lake prefix, by table, listed directly (MinIO: the
     endpoint whose metrics are read, not a store profile's proxy; ListObjectsV2 pages of
@@ -32,8 +42,9 @@ class ObjectCounter:
         self._client = None
 
     def count(self) -> dict[str, Any] | None:
-        """{"objects", "bytes", "log_objects", "by_table": {table: {"objects", "bytes"}},
-        "list_requests"}; None when the listing failed (logged)."""
+        """{"objects", "bytes", "log_objects", "by_table": {table: {"objects", "bytes",
+        "checkpoint_bytes"}}, "list_requests"}; None when the listing failed (logged).
+        `checkpoint_bytes`: the size of the table's newest checkpoint (0: none yet)."""
         try:
             if self.lake.is_local:
                 return self._count_local()
@@ -44,15 +55,23 @@ class ObjectCounter:
 
     def _tally(self, items) -> dict[str, Any]:
         by: dict[str, dict[str, int]] = {}
+        newest: dict[str, int] = {}  # table -> version of its newest checkpoint
         objects = size = log_objects = 0
         for rel, nbytes in items:
             table = rel.split("/", 1)[0] if "/" in rel else "(top level)"
-            t = by.setdefault(table, {"objects": 0, "bytes": 0})
+            t = by.setdefault(table, {"objects": 0, "bytes": 0, "checkpoint_bytes": 0})
             t["objects"] += 1
             t["bytes"] += nbytes
             objects += 1
             size += nbytes
             log_objects += "/_delta_log/" in f"/{rel}"
+            version = _checkpoint_version(rel)
+            if version is not None:
+                if version > newest.get(table, -1):
+                    newest[table] = version
+                    t["checkpoint_bytes"] = 0
+                if version == newest[table]:  # a multi-part checkpoint adds up
+                    t["checkpoint_bytes"] += nbytes
         return {
             "objects": objects,
             "bytes": size,

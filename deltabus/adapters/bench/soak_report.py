@@ -1,14 +1,20 @@
 """The windowed soak's report: windows.json, windows.md, windows.png and the goals.
 
-Goals (the soak's purpose; each is printed with its figure beside its target, met or not):
+Goals (the soak's purpose; each is printed with its figure beside its target, met or not).
+Window 1 holds the first maintenance pass and the table state filling up to its
+retentions, so the steady goals compare every later window with window 2 (with window 1
+when there are only two):
 
-- latency holds: the last window's p99 within 15 % of the first window's (windows start
-  after the warm-up);
+- latency holds: every window's p99 within 15 % of the baseline window's;
 - memory holds: no process's resident memory at a window's end more than 10 % above its
-  value at the end of the first window (a store profile's proxies, which stand in for the
+  value in the baseline window (a store profile's proxies, which stand in for the
   network, are reported and not judged);
+- checkpoints hold: every table's newest checkpoint at most 15 % larger than in the
+  baseline window;
 - the store holds: once vacuum and log retention are in force, the object count under
-  the run's prefix at the last window's end at most 5 % above the first such window's.
+  the run's prefix at the last window's end at most 5 % above the first such window's;
+- with a records' retention (`--retention-s`), the bytes alike, once retention and
+  vacuum have removed a first file.
 
 A missed goal is reported (windows.md, windows.json, the command's output), not an error:
 the command fails on lost, repeated or unexpected messages, as every benchmark run does.
@@ -26,6 +32,7 @@ from deltabus.adapters.bench.soak_markdown import soak_markdown
 P99_DRIFT_MAX = 0.15
 RSS_GROWTH_MAX = 0.10
 OBJECTS_GROWTH_MAX = 0.05
+CHECKPOINT_GROWTH_MAX = 0.15
 
 LATENCY_METHOD = (
     "first seen by the consumer minus the message's scheduled send time, per window of send "
@@ -54,13 +61,21 @@ def maintenance_in_window(events: list[dict], start_ms: float, end_ms: float) ->
 
 
 def in_force_after_s(
-    interval_s: float, vacuum_hours: float, log_retention_s: float | None
+    interval_s: float,
+    vacuum_hours: float,
+    log_retention_s: float | None,
+    retention_s: float | None = None,
 ) -> float:
-    """Seconds after window 1 starts from which vacuum and log cleanup remove as much as is
-    added: the first pass (half an interval in), plus the longer retention, plus one more
-    interval for the pass that acts on it."""
-    retention = max(vacuum_hours * 3600, float(log_retention_s or 0))
-    return interval_s / 2 + retention + interval_s
+    """Seconds after window 1 starts from which vacuum, log cleanup and records' retention
+    remove as much as is added: the first pass (half an interval in), plus the longest
+    retention, plus one more interval for the pass that acts on it."""
+    longest = max(vacuum_hours * 3600, float(log_retention_s or 0), float(retention_s or 0))
+    return interval_s / 2 + longest + interval_s
+
+
+def baseline(windows: list[dict]) -> dict:
+    """The window the steady goals compare with: window 2, or window 1 when there are two."""
+    return windows[1] if len(windows) >= 3 else windows[0]
 
 
 def evaluate_goals(
@@ -69,57 +84,64 @@ def evaluate_goals(
     interval_s: float,
     vacuum_hours: float,
     log_retention_s: int | None,
+    retention_s: int | None = None,
     not_judged: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """The three goals, each {"goal", "figure", "target", "met" (None: not evaluable), ...};
-    processes named in `not_judged` are left out of the memory goal (and named in it)."""
-    return [
+    """The goals, each {"goal", "figure", "target", "met" (None: not evaluable), ...}:
+    p99, memory, checkpoints, objects and (with `retention_s`) bytes. Processes named in
+    `not_judged` are left out of the memory goal (and named in it)."""
+    in_force = in_force_after_s(interval_s, vacuum_hours, log_retention_s)
+    goals = [
         _p99_goal(windows),
         _rss_goal(windows, not_judged),
-        _objects_goal(windows, in_force_after_s(interval_s, vacuum_hours, log_retention_s)),
+        _checkpoint_goal(windows),
+        _store_goal(windows, in_force, "objects", OBJECTS_GROWTH_MAX),
     ]
+    if retention_s is not None:
+        in_force = in_force_after_s(interval_s, vacuum_hours, log_retention_s, retention_s)
+        goals.append(_store_goal(windows, in_force, "bytes", OBJECTS_GROWTH_MAX))
+    return goals
 
 
 def _p99_goal(windows: list[dict]) -> dict[str, Any]:
     goal = {
-        "goal": "p99 of the last window vs the first",
+        "goal": "p99 of every later window vs the baseline window's",
         "target": f"within ±{P99_DRIFT_MAX:.0%}",
     }
-    if len(windows) < 2 or windows[0]["p99_s"] is None or windows[-1]["p99_s"] is None:
-        return goal | {"met": None, "value": None, "figure": "not evaluated: no p99 in both"}
-    first, last = windows[0]["p99_s"], windows[-1]["p99_s"]
-    change = last / first - 1 if first > 0 else float("inf")
+    if len(windows) < 2:
+        return goal | {"met": None, "value": None, "figure": "not evaluated: one window"}
+    base = baseline(windows)
+    later = [w for w in windows if w["window"] > base["window"] and w["p99_s"] is not None]
+    if base["p99_s"] is None or not later:
+        return goal | {"met": None, "value": None, "figure": "not evaluated: no p99 to compare"}
+    first = base["p99_s"]
+    worst = max(later, key=lambda w: abs(w["p99_s"] / first - 1) if first > 0 else 0)
+    change = worst["p99_s"] / first - 1 if first > 0 else float("inf")
+    low, high = min(w["p99_s"] for w in later), max(w["p99_s"] for w in later)
     return goal | {
         "met": abs(change) <= P99_DRIFT_MAX,
         "value": round(change, 4),
-        "figure": f"{first:.3f} s → {last:.3f} s ({change:+.1%}), window 1 → {len(windows)}",
+        "figure": (
+            f"{first:.3f} s in window {base['window']}; later windows {low:.3f}–{high:.3f} s "
+            f"(furthest {change:+.1%}, window {worst['window']})"
+        ),
     }
 
 
 def _rss_goal(windows: list[dict], not_judged: frozenset[str]) -> dict[str, Any]:
     goal: dict[str, Any] = {
-        "goal": "resident memory of every process after the first window",
-        "target": f"at most +{RSS_GROWTH_MAX:.0%} over its first window's",
+        "goal": "resident memory of every process vs the baseline window's",
+        "target": f"at most +{RSS_GROWTH_MAX:.0%}",
     }
     if len(windows) < 2:
         return goal | {"met": None, "value": None, "figure": "not evaluated: one window"}
-    skipped = sorted(n for n in windows[0]["rss_mb"] if n in not_judged)
+    base = baseline(windows)
+    skipped = sorted(n for n in base["rss_mb"] if n in not_judged)
     note = f"; not judged: {', '.join(skipped)} (the store profile's proxies)" if skipped else ""
     goal["not_judged"] = skipped
-    growth: dict[str, dict[str, Any]] = {}
-    for name, base in windows[0]["rss_mb"].items():
-        if name in not_judged:
-            continue
-        later = [(w["rss_mb"][name], w["window"]) for w in windows[1:] if name in w["rss_mb"]]
-        if not later or base <= 0:
-            continue
-        top, at = max(later)
-        growth[name] = {
-            "first_mb": base,
-            "max_later_mb": top,
-            "window": at,
-            "growth": round(top / base - 1, 4),
-        }
+    growth = _growth(
+        windows, base, lambda w: {n: v for n, v in w["rss_mb"].items() if n not in not_judged}
+    )
     if not growth:
         return goal | {"met": None, "value": None, "figure": "not evaluated: no process sampled"}
     name, worst = max(growth.items(), key=lambda kv: kv[1]["growth"])
@@ -128,16 +150,72 @@ def _rss_goal(windows: list[dict], not_judged: frozenset[str]) -> dict[str, Any]
         "value": worst["growth"],
         "by_process": growth,
         "figure": (
-            f"largest: {name} {worst['first_mb']:.0f} → {worst['max_later_mb']:.0f} MB "
-            f"({worst['growth']:+.1%}, window {worst['window']}){note}"
+            f"largest: {name} {worst['first']:.0f} MB in window {base['window']} → "
+            f"{worst['max_later']:.0f} MB ({worst['growth']:+.1%}, window {worst['window']})"
+            f"{note}"
         ),
     }
 
 
-def _objects_goal(windows: list[dict], in_force_s: float) -> dict[str, Any]:
+def _checkpoint_goal(windows: list[dict]) -> dict[str, Any]:
+    goal: dict[str, Any] = {
+        "goal": "newest checkpoint of every table vs the baseline window's",
+        "target": f"at most +{CHECKPOINT_GROWTH_MAX:.0%}",
+    }
+    counted = [w for w in windows if w["objects"] is not None]
+    if len(counted) < 2:
+        return goal | {"met": None, "value": None, "figure": "not evaluated: fewer than 2 counts"}
+    base = baseline(counted)
+
+    def sizes(w: dict) -> dict[str, float]:
+        tables = w["objects"].get("by_table", {})
+        return {t: v["checkpoint_bytes"] for t, v in tables.items() if v.get("checkpoint_bytes")}
+
+    growth = _growth(counted, base, sizes)
+    if not growth:
+        return goal | {"met": None, "value": None, "figure": "not evaluated: no checkpoint"}
+    name, worst = max(growth.items(), key=lambda kv: kv[1]["growth"])
+    return goal | {
+        "met": worst["growth"] <= CHECKPOINT_GROWTH_MAX,
+        "value": worst["growth"],
+        "by_table": growth,
+        "figure": (
+            f"largest: {name} {worst['first'] / 2**20:.2f} MiB in window {base['window']} → "
+            f"{worst['max_later'] / 2**20:.2f} MiB ({worst['growth']:+.1%}, window "
+            f"{worst['window']})"
+        ),
+    }
+
+
+def _growth(windows: list[dict], base: dict, values) -> dict[str, dict[str, Any]]:
+    """Per name of `values(window)`: its baseline value, its largest value in a later
+    window, that window and the growth."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, first in values(base).items():
+        later = [
+            (values(w)[name], w["window"])
+            for w in windows
+            if w["window"] > base["window"] and name in values(w)
+        ]
+        if not later or first <= 0:
+            continue
+        top, at = max(later)
+        out[name] = {
+            "first": first,
+            "max_later": top,
+            "window": at,
+            "growth": round(top / first - 1, 4),
+        }
+    return out
+
+
+def _store_goal(windows: list[dict], in_force_s: float, key: str, limit: float) -> dict[str, Any]:
+    """Objects or bytes under the run's prefix, from the first window that ends once the
+    retentions are in force to the last."""
+    what = "objects" if key == "objects" else "bytes"
     goal = {
-        "goal": "objects under the run's prefix once retention and vacuum are in force",
-        "target": f"at most +{OBJECTS_GROWTH_MAX:.0%} from the first such window to the last",
+        "goal": f"{what} under the run's prefix once retention and vacuum are in force",
+        "target": f"at most +{limit:.0%} from the first such window to the last",
         "in_force_after_min": round(in_force_s / 60, 1),
     }
     if not windows:
@@ -156,13 +234,14 @@ def _objects_goal(windows: list[dict], in_force_s: float) -> dict[str, Any]:
                 "--vacuum-retention-hours 1)"
             ),
         }
-    first, last = steady[0]["objects"]["objects"], steady[-1]["objects"]["objects"]
+    first, last = steady[0]["objects"][key], steady[-1]["objects"][key]
     change = last / first - 1 if first else float("inf")
+    shown = (lambda n: f"{n:,} objects") if key == "objects" else (lambda n: f"{n / 2**30:.2f} GiB")
     return goal | {
-        "met": change <= OBJECTS_GROWTH_MAX,
+        "met": change <= limit,
         "value": round(change, 4),
         "figure": (
-            f"{first:,} → {last:,} objects, window {steady[0]['window']} → "
+            f"{shown(first)} → {shown(last)}, window {steady[0]['window']} → "
             f"{steady[-1]['window']} ({change:+.1%})"
         ),
     }
@@ -230,6 +309,7 @@ def build_soak_report(
             "interval_s": cfg.maintenance_interval,
             "vacuum_retention_hours": cfg.vacuum_hours,
             "log_retention_s": log_retention_s,
+            "retention_s": cfg.retention_s,
             "passes": len(passes),
             "errors": [e for e in events if e.get("event") == "error"],
         },
@@ -240,6 +320,7 @@ def build_soak_report(
             interval_s=cfg.maintenance_interval,
             vacuum_hours=cfg.vacuum_hours,
             log_retention_s=log_retention_s,
+            retention_s=cfg.retention_s,
             not_judged=frozenset(soak.not_judged),
         ),
         "windows": windows,
