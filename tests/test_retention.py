@@ -297,6 +297,25 @@ def test_streams_alter_and_maintain_from_the_command_line(minio_lake: Lake, tmp_
         ["streams", "alter", "orders", "--retention-s", "5", "--no-retention"], env, tmp_path
     )
     assert contradicting.returncode == 2 and "contradict" in contradicting.stderr
+
+    # A stream's own log retention and checkpoint interval, then back to the lake's.
+    own = ["--log-retention-s", "120", "--checkpoint-interval", "7"]
+    assert run_cli(["streams", "alter", "orders", *own], env, tmp_path).returncode == 0
+    table = bus.stream("orders").tables[0]
+    assert bus.stream("orders").settings.checkpoint_interval == 7
+    assert (
+        minio_lake.open(table).metadata().configuration["delta.logRetentionDuration"]
+        == "interval 120 seconds"
+    )
+    back = ["--lake-log-retention", "--lake-checkpoint-interval"]
+    reset = run_cli(["--json", "streams", "alter", "orders", *back], env, tmp_path)
+    assert reset.returncode == 0, reset.stderr
+    settings = json.loads(reset.stdout)["settings"]
+    assert settings["log_retention_s"] is None and settings["checkpoint_interval"] is None
+    assert (
+        minio_lake.open(table).metadata().configuration["delta.logRetentionDuration"]
+        != "interval 120 seconds"
+    )
     nothing = run_cli(["streams", "alter", "orders"], env, tmp_path)
     assert nothing.returncode == 2 and "no setting to change" in nothing.stderr
 

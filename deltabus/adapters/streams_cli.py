@@ -229,9 +229,24 @@ def streams_alter(
     log_retention_s: Annotated[
         int | None, typer.Option(help="Keep log entries this long.", min=1)
     ] = None,
+    lake_log_retention: Annotated[
+        bool,
+        typer.Option(
+            "--lake-log-retention",
+            help="Log retention back to the lake's (DELTABUS_LOG_RETENTION_S, else Delta's "
+            "30 days).",
+        ),
+    ] = False,
     checkpoint_interval: Annotated[
         int | None, typer.Option(help="Checkpoint every this many versions.", min=1)
     ] = None,
+    lake_checkpoint_interval: Annotated[
+        bool,
+        typer.Option(
+            "--lake-checkpoint-interval",
+            help="Checkpoint interval back to the lake's (DELTABUS_CHECKPOINT_INTERVAL).",
+        ),
+    ] = False,
     compaction: Annotated[
         bool | None,
         typer.Option(
@@ -243,31 +258,37 @@ def streams_alter(
     """Change a declared stream's settings (only those given); its schema, partitions
     and key stay. Prints the declaration as recorded afterwards."""
     changes: dict[str, Any] = {}
-    for setting, value, cleared in (
-        ("retention_s", retention_s, no_retention_s or no_retention),
-        ("retention_bytes", retention_bytes, no_retention_bytes or no_retention),
+    for setting, value, cleared, reset_flag in (
+        ("retention_s", retention_s, no_retention_s or no_retention, "--no-retention-s"),
+        (
+            "retention_bytes",
+            retention_bytes,
+            no_retention_bytes or no_retention,
+            "--no-retention-bytes",
+        ),
+        ("log_retention_s", log_retention_s, lake_log_retention, "--lake-log-retention"),
+        (
+            "checkpoint_interval",
+            checkpoint_interval,
+            lake_checkpoint_interval,
+            "--lake-checkpoint-interval",
+        ),
     ):
         flag = setting.replace("_", "-")
         if value is not None and cleared:
             raise ConfigError(
-                f"--{flag} {value} and --no-{flag} (or --no-retention) contradict each other",
-                "give one of them",
+                f"--{flag} {value} and {reset_flag} contradict each other", "give one of them"
             )
         if value is not None or cleared:
             changes[setting] = value
-    for setting, value in (
-        ("log_retention_s", log_retention_s),
-        ("checkpoint_interval", checkpoint_interval),
-        ("compaction", compaction),
-    ):
-        if value is not None:
-            changes[setting] = value
+    if compaction is not None:
+        changes["compaction"] = compaction
     if not changes:
         raise ConfigError(
             f"streams alter {name}: no setting to change",
             "give --retention-s, --retention-bytes, --no-retention-s, --no-retention-bytes, "
-            "--no-retention, --log-retention-s, --checkpoint-interval or "
-            "--compaction/--no-compaction",
+            "--no-retention, --log-retention-s, --lake-log-retention, --checkpoint-interval, "
+            "--lake-checkpoint-interval or --compaction/--no-compaction",
         )
     _print(_described(_bus().alter_stream(name, **changes)))
 
