@@ -1,10 +1,12 @@
-"""`deltabus serve postgres --lease`: two replicas of one sink on real MinIO and a real
-PostgreSQL; one serves, the other stands by. The active one is SIGKILLed mid-stream: the
-standby takes the lease and goes on from the position stored in PostgreSQL, and the
-served table ends equal to the unified table's net rows, every row written once.
+"""`deltabus serve postgres|opensearch --lease`: two replicas of one sink on real MinIO
+and a real PostgreSQL or OpenSearch; one serves, the other stands by. The active one is
+SIGKILLed mid-stream: the standby takes the lease and goes on from the position stored in
+the target, and the served table or index ends equal to the unified table's net rows,
+every row written once.
 
-The verdicts read the lease record in the lake, and PostgreSQL's own audit of every
-position move and row write (tests/test_serve_postgres.py).
+The verdicts read the lease record in the lake, PostgreSQL's own audit of every position
+move and row write (tests/test_serve_postgres.py), and the version OpenSearch stored for
+every document (tests/test_serve_opensearch.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ import threading
 import time
 from pathlib import Path
 
+from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving import pg
+from deltabus.adapters.serving.opensearch_compare import indexed, indexed_position
 from deltabus.adapters.serving.sink_lease import ACTIVE, lease_group
 from deltabus.bus.groups import Group, now_ms
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
+from tests.opensearch_fixture import OpenSearch
 from tests.pg_fixture import Postgres
+from tests.test_serve_opensearch import assert_index_equals_unified, index_name, stored_versions
 from tests.test_serve_postgres import (
     UnifiedWriter,
     assert_no_row_written_twice,
@@ -39,14 +45,18 @@ TTL_S = 3.0
 
 
 class Replica:
-    """One `deltabus serve postgres --lease` process in a session of its own."""
+    """One `deltabus serve KIND --lease` process in a session of its own, serving `table`
+    (PostgreSQL) or the index of that name (OpenSearch)."""
 
-    def __init__(self, env: dict[str, str], tmp_path: Path, name: str, table: str) -> None:
+    def __init__(
+        self, env: dict[str, str], tmp_path: Path, name: str, table: str, kind: str = "postgres"
+    ) -> None:
         self.name = name
         self.ready = tmp_path / f"{name}.ready"
         self.log = tmp_path / f"{name}.log"
-        args = [sys.executable, "-m", "deltabus", "--json", "serve", "postgres", "--follow"]
-        args += ["--table", table, "--max-versions", "5", "--ready-file", str(self.ready)]
+        target = "--table" if kind == "postgres" else "--index"
+        args = [sys.executable, "-m", "deltabus", "--json", "serve", kind, "--follow"]
+        args += [target, table, "--max-versions", "5", "--ready-file", str(self.ready)]
         args += ["--lease", "--lease-ttl-s", str(TTL_S)]
         with open(self.log, "wb") as err:
             self.process = subprocess.Popen(
@@ -165,6 +175,89 @@ def test_a_standby_sink_takes_over_from_a_killed_active_one_exactly_once(
     assert_served_equals_unified(lake, postgres.dsn, table)
     assert_unbroken_chain(postgres.dsn, table, last)
     assert_no_row_written_twice(postgres.dsn, table)
+
+
+def test_a_standby_index_sink_takes_over_from_a_killed_active_one_exactly_once(
+    minio_lake: Lake, opensearch: OpenSearch, tmp_path: Path
+) -> None:
+    lake, url = minio_lake, opensearch.url
+    index = index_name()
+    writer = UnifiedWriter(lake)
+    seed = writer.commit([("seed-0", 0.0, 1)])
+    inserted_at: dict[tuple[str, float], int] = {("seed-0", 0.0): seed}
+    commits = 60
+    go_on = threading.Event()
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for i in range(commits):
+                if i == commits // 2:
+                    assert go_on.wait(180), "the test never let the writer go on"
+                rows = [(f"m{i}-{j}", float(i * 100 + j), 1) for j in range(30)]
+                if i >= 2:  # retract rows of the commit before last, re-insert one of them
+                    rows += [(f"m{i - 2}-{j}", float((i - 2) * 100 + j), -1) for j in range(5)]
+                    rows.append((f"m{i - 2}-0", float((i - 2) * 100) + 0.5, 1))
+                version = writer.commit(rows)
+                inserted_at.update({(m, ts): version for m, ts, d in rows if d > 0})
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            done.set()
+
+    env = lake_env(lake) | {"DELTABUS_OPENSEARCH_URL": url}
+    a = Replica(env, tmp_path, "a", index, kind="opensearch")
+    b = Replica(env, tmp_path, "b", index, kind="opensearch")
+    replicas = [a, b]
+    group = Group(lake, lease_group("opensearch", index, osc.describe(url)))
+
+    def holder() -> str | None:
+        lease = group.lease(ACTIVE)
+        return None if lease is None or lease.free(now_ms()) else lease.member
+
+    def position() -> int:
+        try:
+            found = indexed_position(url, index)
+        except Exception:  # noqa: BLE001 - the index does not exist yet
+            return -1
+        return -1 if found is None else int(found["version"])
+
+    try:
+        wait_until("one replica serving", lambda: a.serving() or b.serving(), replicas)
+        active, standby = (a, b) if a.serving() else (b, a)
+        assert f"-{active.pid}-" in (holder() or ""), holder()
+        thread = threading.Thread(target=write, daemon=True)
+        thread.start()
+        wait_until("the active replica serving commits", lambda: position() >= 10, replicas)
+        assert not standby.serving(), "the standby served while the other held the lease"
+        active.kill()
+        assert not done.is_set(), "the writer finished before the active replica was killed"
+        go_on.set()
+        wait_until("the standby serving", standby.serving, [standby])
+        assert f"-{standby.pid}-" in (holder() or ""), holder()
+        thread.join(180)
+        assert not errors, errors
+        last = writer.appender.version()
+        wait_until("the standby at the last version", lambda: position() >= last, [standby])
+        report = standby.stop()
+    finally:
+        for replica in replicas:
+            if replica.process.poll() is None:
+                replica.kill()
+    assert report["version"] == last and report["active_periods"] == 1, report
+    assert report["lease_group"] == group.name
+    assert holder() is None, "a replica that stops releases the lease"
+    net = assert_index_equals_unified(lake, url, index)
+    # Every document holds the version of the commit that inserted its row: no write of an
+    # older state won when the standby replayed what the killed one had in flight.
+    versions = stored_versions(url, index)
+    assert len(versions) == net["unified_net_rows"]
+    rows = indexed(url, index)
+    for message, timestamp in zip(rows["message"], rows["timestamp"], strict=True):
+        stored, field = versions[message]
+        assert stored == field == inserted_at[(message, timestamp)], (message, stored, field)
 
 
 def test_a_leased_sink_needs_follow_and_a_usable_lease_time(
