@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import io
 import os
 import re
@@ -38,6 +39,7 @@ from urllib.parse import unquote
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DOC = Path("docs/guide/configuration.md")
 CLI_DOC = Path("docs/reference/cli.md")
+API_DOC = Path("docs/reference/api.md")
 END = "<!-- END generated -->"
 HELP_ENV = {"COLUMNS": "100", "NO_COLOR": "1", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
@@ -224,6 +226,108 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
+# -- the Python API reference -------------------------------------------------------------
+
+# Modules whose public names the reference lists, beside `deltabus` itself.
+API_MODULES = ("deltabus.errors",)
+
+
+def _doc(obj: object) -> str:
+    return inspect.cleandoc(obj.__doc__) if obj.__doc__ else "(no docstring)"
+
+
+class _Written:
+    """An annotation as written in the source (`from __future__ import annotations` keeps
+    them as strings), shown without quotes."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _signature(obj: object) -> str:
+    """`obj`'s signature as written, without `self`."""
+    try:
+        sig = inspect.signature(obj)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "(...)"
+
+    def written(annotation: object) -> object:
+        return _Written(annotation) if isinstance(annotation, str) else annotation
+
+    params = [
+        p.replace(annotation=written(p.annotation))
+        for p in sig.parameters.values()
+        if p.name != "self"
+    ]
+    return str(sig.replace(parameters=params, return_annotation=written(sig.return_annotation)))
+
+
+def _members(cls: type) -> list[tuple[str, object]]:
+    """The public methods and properties `cls` itself defines, in source order."""
+    out = []
+    for name, member in vars(cls).items():
+        if name.startswith("_") and name not in ("__init__", "__call__", "__iter__"):
+            continue
+        if name == "__init__":
+            continue  # its signature heads the class
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if inspect.isfunction(member) or isinstance(member, property):
+            out.append((name, member))
+    return out
+
+
+def _entry(qualified: str, obj: object) -> str:
+    """One name of the public API: its signature, its docstring and, for a class, the
+    methods and properties it defines."""
+    if inspect.isclass(obj):
+        signature = _signature(obj).removesuffix(" -> None")
+        parts = [f"### `{qualified}`", "", "```python", f"class {obj.__name__}{signature}"]
+        parts += ["```", "", _doc(obj), ""]
+        for name, member in _members(obj):
+            if isinstance(member, property):
+                parts += [f"#### `{obj.__name__}.{name}` (property)", "", _doc(member), ""]
+            else:
+                parts += [f"#### `{obj.__name__}.{name}{_signature(member)}`", ""]
+                parts += [_doc(member), ""]
+        return "\n".join(parts)
+    if callable(obj):
+        return f"### `{qualified}{_signature(obj)}`\n\n{_doc(obj)}\n"
+    return f"### `{qualified}`\n\n`{obj!r}`\n"
+
+
+def api_reference() -> str:
+    """Every name `deltabus` exports (its errors listed once, with `retriable`), from the
+    code's own signatures and docstrings."""
+    import importlib
+
+    import deltabus
+
+    errors = importlib.import_module("deltabus.errors")
+    error_names = set(errors.__all__)
+    parts = ["## `deltabus`", "", _doc(deltabus), ""]
+    for name in deltabus.__all__:
+        if name not in error_names:
+            parts.append(_entry(f"deltabus.{name}", getattr(deltabus, name)))
+    for module_name in API_MODULES:
+        module = importlib.import_module(module_name)
+        parts += [f"## `{module_name}`", "", _doc(module), ""]
+        parts += ["| exception | base | retriable |", "|---|---|---|"]
+        for name in module.__all__:
+            cls = getattr(module, name)
+            retriable = getattr(cls, "retriable", None)
+            shown = "—" if retriable is None else ("yes" if retriable else "no")
+            parts.append(f"| `{name}` | `{cls.__mro__[1].__name__}` | {shown} |")
+        parts.append("")
+        for name in module.__all__:
+            cls = getattr(module, name)
+            parts += [f"### `{module_name}.{name}`", "", _doc(cls), ""]
+    return "\n".join(parts)
+
+
 # -- generated blocks --------------------------------------------------------------------
 
 
@@ -391,7 +495,11 @@ def markdown_files(root: Path = ROOT) -> list[Path]:
 
 
 def generated() -> list[tuple[Path, str, str]]:
-    return [(CONFIG_DOC, "settings", settings_table()), (CLI_DOC, "cli", cli_reference())]
+    return [
+        (CONFIG_DOC, "settings", settings_table()),
+        (CLI_DOC, "cli", cli_reference()),
+        (API_DOC, "api", api_reference()),
+    ]
 
 
 def generate() -> int:
