@@ -11,7 +11,8 @@ The public API: `connect()` a lake, declare streams on it, produce and consume t
 
 Public besides the names below: `deltabus.connectors.pathway` (Pathway, no licence key),
 `deltabus.delta.lake` (the `Lake` handle), `deltabus.delta.tables` (creating tables with
-deltabus' properties, reading commit metadata) and `deltabus.core` (errors, settings,
+deltabus' properties, reading commit metadata), `deltabus.errors` (every exception a user
+may catch, each with `retriable`; also exported here) and `deltabus.core` (settings,
 storage retries). The time-zone application uses nothing else (checked by `make lint`).
 """
 
@@ -24,18 +25,11 @@ from deltabus.core.version import __version__ as __version__
 
 __all__ = [
     "Batch",
-    "BufferFullError",
     "Bus",
-    "ConfigError",
     "Consumer",
-    "DeltabusError",
-    "FencedError",
     "Lake",
     "MAX_PARTITIONS",
-    "OffsetOutOfRangeError",
     "Producer",
-    "RecordError",
-    "StorageError",
     "Source",
     "Stream",
     "StreamPartition",
@@ -47,25 +41,39 @@ __all__ = [
     "partition_table",
     "position_marker",
     "recorded_marks",
+    # errors (deltabus.errors)
+    "BufferFullError",
+    "ChangeWithoutCdfError",
+    "CompactionConflict",
+    "ConfigError",
+    "DeltabusError",
+    "FencedError",
+    "InputTableError",
+    "MissingExtraError",
+    "OffsetOutOfRangeError",
+    "OpenSearchRed",
+    "OpenSearchUnreachable",
+    "PostgresUnreachable",
+    "RecordError",
+    "RemovedFileError",
+    "RetentionConflict",
+    "StoppedDuringOutage",
+    "StorageError",
+    "UnreadableFileError",
+    "UnsupportedFeatureError",
+    "VersionTakenError",
 ]
 
 # Imported on first use, so that `import deltabus` stays light for the CLI.
 _HOMES = {
     "Batch": "deltabus.bus.consumer",
-    "BufferFullError": "deltabus.bus.producer",
     "Bus": "deltabus.bus.client",
-    "ConfigError": "deltabus.core.errors",
     "Consumer": "deltabus.bus.consumer",
-    "DeltabusError": "deltabus.core.errors",
-    "FencedError": "deltabus.bus.fence",
     "Lake": "deltabus.delta.lake",
     "MAX_PARTITIONS": "deltabus.bus.partitions",
-    "OffsetOutOfRangeError": "deltabus.core.errors",
     "Producer": "deltabus.bus.producer",
     "recorded_marks": "deltabus.bus.producer",
     "StreamPartition": "deltabus.bus.consumer",
-    "RecordError": "deltabus.bus.producer",
-    "StorageError": "deltabus.core.errors",
     "Source": "deltabus.bus.transform",
     "Stream": "deltabus.bus.streams",
     "StreamSettings": "deltabus.bus.streams",
@@ -75,25 +83,60 @@ _HOMES = {
     "key_partition": "deltabus.bus.partitioning",
     "partition_table": "deltabus.bus.partitions",
     "position_marker": "deltabus.bus.positions",
+    "BufferFullError": "deltabus.errors",
+    "ChangeWithoutCdfError": "deltabus.errors",
+    "CompactionConflict": "deltabus.errors",
+    "ConfigError": "deltabus.errors",
+    "DeltabusError": "deltabus.errors",
+    "FencedError": "deltabus.errors",
+    "InputTableError": "deltabus.errors",
+    "MissingExtraError": "deltabus.errors",
+    "OffsetOutOfRangeError": "deltabus.errors",
+    "OpenSearchRed": "deltabus.errors",
+    "OpenSearchUnreachable": "deltabus.errors",
+    "PostgresUnreachable": "deltabus.errors",
+    "RecordError": "deltabus.errors",
+    "RemovedFileError": "deltabus.errors",
+    "RetentionConflict": "deltabus.errors",
+    "StoppedDuringOutage": "deltabus.errors",
+    "StorageError": "deltabus.errors",
+    "UnreadableFileError": "deltabus.errors",
+    "UnsupportedFeatureError": "deltabus.errors",
+    "VersionTakenError": "deltabus.errors",
 }
 
 if TYPE_CHECKING:
     from deltabus.bus.client import Bus, connect
     from deltabus.bus.consumer import Batch, Consumer, StreamPartition
-    from deltabus.bus.fence import FencedError
     from deltabus.bus.partitioning import key_partition
     from deltabus.bus.partitions import MAX_PARTITIONS, partition_table
     from deltabus.bus.positions import position_marker
-    from deltabus.bus.producer import BufferFullError, Producer, RecordError, recorded_marks
+    from deltabus.bus.producer import Producer, recorded_marks
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform, TransformGroup
-    from deltabus.core.errors import (
+    from deltabus.delta.lake import Lake
+    from deltabus.errors import (
+        BufferFullError,
+        ChangeWithoutCdfError,
+        CompactionConflict,
         ConfigError,
         DeltabusError,
+        FencedError,
+        InputTableError,
+        MissingExtraError,
         OffsetOutOfRangeError,
+        OpenSearchRed,
+        OpenSearchUnreachable,
+        PostgresUnreachable,
+        RecordError,
+        RemovedFileError,
+        RetentionConflict,
+        StoppedDuringOutage,
         StorageError,
+        UnreadableFileError,
+        UnsupportedFeatureError,
+        VersionTakenError,
     )
-    from deltabus.delta.lake import Lake
 
 
 def __getattr__(name: str) -> Any:

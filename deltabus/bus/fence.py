@@ -29,7 +29,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from deltabus.core import metrics
-from deltabus.core.errors import DeltabusError
+from deltabus.core.errors import FencedError as FencedError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.tables import find_commit, is_commit_conflict, meta, metadata
 
@@ -37,10 +37,6 @@ log = logging.getLogger(__name__)
 
 EPOCH_APP_ID = "deltabus-etl-epoch"
 OWNER_SEARCH_LIMIT = 500  # commits searched for the claim that names an epoch's owner
-
-
-class FencedError(DeltabusError):
-    """A newer writer claimed the output table: this one must stop without writing."""
 
 
 def current_epoch(dt: DeltaTable) -> int:

@@ -41,7 +41,9 @@ from deltabus.bus.partitioning import key_partition
 from deltabus.bus.streams import Stream, show_schema
 from deltabus.bus.writers import close_writers, open_writers
 from deltabus.core import metrics
-from deltabus.core.errors import ConfigError, DeltabusError
+from deltabus.core.errors import BufferFullError as BufferFullError
+from deltabus.core.errors import ConfigError
+from deltabus.core.errors import RecordError as RecordError
 from deltabus.core.intervals import check_interval
 from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
@@ -63,14 +65,6 @@ DeliveryCallback = Callable[[int, BaseException | None], None]
 
 
 PRODUCER_APP_PREFIX = "deltabus-stream-producer:"  # + producer id: its app transactions
-
-
-class RecordError(ConfigError):
-    """A record does not fit its stream's schema, or its key is unusable."""
-
-
-class BufferFullError(DeltabusError):
-    """`send` waited `max_block_s` for room in the producer's buffer, in vain."""
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from deltabus.core import hedge, metrics
 from deltabus.core.errors import DeltabusError, StorageError, user_storage_error
+from deltabus.core.errors import UnreadableFileError as UnreadableFileError
 from deltabus.core.retry import is_transient
 from deltabus.delta.lake import Lake
 from deltabus.delta.protocol import (
@@ -58,11 +59,6 @@ log = logging.getLogger(__name__)
 # A tail that finds no next commit checks this often whether it was expired instead: a
 # reader that lagged past the log retention (days) learns it within half a minute.
 EXPIRY_CHECK_S = 30.0
-
-
-class UnreadableFileError(InputTableError):
-    """A file an input commit added cannot be read as Parquet: corrupt, truncated or not
-    Parquet at all."""
 
 
 def unreadable(exc: BaseException) -> bool:

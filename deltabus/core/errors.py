@@ -1,4 +1,12 @@
-"""One error type for everything a user can fix, so the CLI prints it as one clear line."""
+"""Every exception a user of deltabus may catch, and the storage failures a user must fix.
+
+Public through `deltabus.errors`. `DeltabusError` is the base of the errors a user can
+fix, printed by the CLI as one clear line; the conflicts between concurrent writers are
+plain exceptions. Each class says with `retriable` whether the same call can succeed
+when tried again unchanged (the outage passes, the conflicting commit is read): True, or
+whether something must change first (settings, input, the user's code, another writer
+stopping): False. Callers tell errors apart by type and by `retriable`, never by text.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,8 @@ import sys
 
 class DeltabusError(Exception):
     """A problem the user can fix: `str()` says what is wrong, `hint` says how to fix it."""
+
+    retriable: bool = False
 
     def __init__(self, problem: str, hint: str = "") -> None:
         super().__init__(problem)
@@ -21,15 +31,21 @@ class DeltabusError(Exception):
 class ConfigError(DeltabusError):
     """Invalid settings or options."""
 
+    retriable = False
+
 
 class StorageError(DeltabusError):
     """The lake cannot be reached or used: bucket, credentials, endpoint, not a Delta table."""
+
+    retriable = False
 
 
 class OffsetOutOfRangeError(DeltabusError):
     """A consumer group's position in a partition table is below the oldest version the
     stream's retention keeps (Kafka's `OffsetOutOfRangeException`): the records between
     were dropped. `table`, `position` and `oldest` say where."""
+
+    retriable = False
 
     def __init__(self, problem: str, hint: str, *, table: str, position: int, oldest: int):
         super().__init__(problem, hint)
@@ -41,6 +57,113 @@ class OffsetOutOfRangeError(DeltabusError):
 class MissingExtraError(DeltabusError):
     """A command needs an optional part of deltabus (an extra) that is not installed; the
     message names the extra and the command that installs it."""
+
+    retriable = False
+
+
+class StoppedDuringOutage(DeltabusError):
+    """A stop was requested while storage was unavailable."""
+
+    retriable = True
+
+
+# -- producers, consumers and writers of a stream ------------------------------------------
+
+
+class FencedError(DeltabusError):
+    """A newer writer claimed the output table: this one must stop without writing."""
+
+    retriable = False
+
+
+class RecordError(ConfigError):
+    """A record does not fit its stream's schema, or its key is unusable."""
+
+    retriable = False
+
+
+class BufferFullError(DeltabusError):
+    """`send` waited `max_block_s` for room in the producer's buffer, in vain."""
+
+    retriable = True
+
+
+# -- input tables ----------------------------------------------------------------------
+
+
+class InputTableError(DeltabusError):
+    """An input table holds something the tail cannot turn into correct rows."""
+
+    retriable = False
+
+
+class UnsupportedFeatureError(InputTableError):
+    """The input needs a protocol version or feature the tail does not implement."""
+
+    retriable = False
+
+
+class ChangeWithoutCdfError(InputTableError):
+    """A commit removed or rewrote rows in a table without a change data feed."""
+
+    retriable = False
+
+
+class RemovedFileError(InputTableError):
+    """A file a commit names is no longer in storage: vacuumed after it was removed (by
+    retention, compaction or a delete) before this reader got to it."""
+
+    retriable = False
+
+
+class UnreadableFileError(InputTableError):
+    """A file an input commit added cannot be read as Parquet: corrupt, truncated or not
+    Parquet at all."""
+
+    retriable = False
+
+
+# -- conflicts between concurrent writers of one table ---------------------------------
+
+
+class VersionTakenError(Exception):
+    """Another writer committed the version this append tried: read it and retry."""
+
+    retriable: bool = True
+
+
+class CompactionConflict(Exception):
+    """A commit that landed first removed an input file or changed the table's schema."""
+
+    retriable: bool = True
+
+
+class RetentionConflict(Exception):
+    """A commit that landed first removed a file retention meant to drop, or changed the
+    table's schema: the next pass plans again."""
+
+    retriable: bool = True
+
+
+# -- serving stores ----------------------------------------------------------------------
+
+
+class PostgresUnreachable(DeltabusError):
+    """No PostgreSQL answers at the DSN's address (nothing listening, or it went away)."""
+
+    retriable = True
+
+
+class OpenSearchUnreachable(DeltabusError):
+    """No OpenSearch answers at the URL's address (nothing listening, or it went away)."""
+
+    retriable = True
+
+
+class OpenSearchRed(DeltabusError):
+    """An index the sink writes to has a primary shard that is not allocated."""
+
+    retriable = True
 
 
 # Storage failures no retry can cure: the user must free space, grant access or point

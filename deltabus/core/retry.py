@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from deltabus.core import metrics
 from deltabus.core.errors import ConfigError, DeltabusError, exception_chain, user_storage_error
+from deltabus.core.errors import StoppedDuringOutage as StoppedDuringOutage
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -259,10 +260,6 @@ def _pause(seconds: float) -> None:
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0 and not _stop_requested():
         time.sleep(min(left, 0.05))
-
-
-class StoppedDuringOutage(DeltabusError):
-    """A stop was requested while storage was unavailable."""
 
 
 def retry_storage(

@@ -43,6 +43,7 @@ from deltalake.exceptions import DeltaError
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 from deltabus.core import hedge, metrics
+from deltabus.core.errors import VersionTakenError as VersionTakenError
 from deltabus.core.retry import retry_storage
 from deltabus.core.version import __version__
 from deltabus.delta.checkpoints import NO_POST_COMMIT_HOOKS, BackgroundCheckpointer
@@ -396,10 +397,6 @@ class _Append:
 
 class _NotEligible(Exception):
     """Another writer changed the table so that a plain append no longer honours it."""
-
-
-class VersionTakenError(Exception):
-    """Another writer committed the version this append tried: read it and retry."""
 
 
 def data_file_name() -> str:

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 
+from deltabus.core.errors import CompactionConflict as CompactionConflict
 from deltabus.core.retry import retry_storage
 from deltabus.core.version import __version__
 from deltabus.delta.append import data_file_name, eligible, file_stats, protocol_and_metadata
@@ -43,10 +44,6 @@ TARGET_FILE_BYTES = 64 * 1024 * 1024  # Parquet bytes read into one output file
 MAX_COMMIT_ATTEMPTS = 1000
 READ_CONCURRENCY = 16
 TOKEN_KEY = "deltabus.compaction"
-
-
-class CompactionConflict(Exception):
-    """A commit that landed first removed an input file or changed the table's schema."""
 
 
 @dataclass

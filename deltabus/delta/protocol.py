@@ -41,7 +41,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deltabus.core import hedge
-from deltabus.core.errors import DeltabusError
+from deltabus.core.errors import ChangeWithoutCdfError as ChangeWithoutCdfError
+from deltabus.core.errors import InputTableError as InputTableError
+from deltabus.core.errors import RemovedFileError as RemovedFileError
+from deltabus.core.errors import UnsupportedFeatureError as UnsupportedFeatureError
 
 # commitInfo key under which a deltabus writer names the data file of its next commit, so
 # that a tail can fetch that file together with the commit (deltabus.bus.tail).
@@ -93,23 +96,6 @@ DECIMAL_TYPE = re.compile(r"decimal\(\s*(\d+)\s*,\s*(-?\d+)\s*\)")
 
 
 # -- errors ------------------------------------------------------------------------------
-
-
-class InputTableError(DeltabusError):
-    """An input table holds something the tail cannot turn into correct rows."""
-
-
-class UnsupportedFeatureError(InputTableError):
-    """The input needs a protocol version or feature the tail does not implement."""
-
-
-class ChangeWithoutCdfError(InputTableError):
-    """A commit removed or rewrote rows in a table without a change data feed."""
-
-
-class RemovedFileError(InputTableError):
-    """A file a commit names is no longer in storage: vacuumed after it was removed (by
-    retention, compaction or a delete) before this reader got to it."""
 
 
 def _resume_hint(table: str) -> str:

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from deltabus.core.errors import ConfigError
+from deltabus.core.errors import RetentionConflict as RetentionConflict
 from deltabus.core.retry import retry_storage
 from deltabus.core.version import __version__
 from deltabus.delta.append import eligible, protocol_and_metadata
@@ -59,11 +60,6 @@ OPERATION = "RETENTION"
 COMMIT_DELAY_S = 60.0
 READ_CONCURRENCY = 16
 PLAN_ATTEMPTS = 3
-
-
-class RetentionConflict(Exception):
-    """A commit that landed first removed a file retention meant to drop, or changed the
-    table's schema: the next pass plans again."""
 
 
 @dataclass(frozen=True)

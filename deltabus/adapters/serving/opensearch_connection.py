@@ -17,6 +17,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from deltabus.core.errors import ConfigError, DeltabusError
+from deltabus.core.errors import OpenSearchRed as OpenSearchRed
+from deltabus.core.errors import OpenSearchUnreachable as OpenSearchUnreachable
 from deltabus.core.retry import transient_status
 
 log = logging.getLogger(__name__)
@@ -107,14 +109,6 @@ def client(url: str) -> Any:
         retry_on_timeout=False,
         http_compress=False,
     )
-
-
-class OpenSearchUnreachable(DeltabusError):
-    """No OpenSearch answers at the URL's address (nothing listening, or it went away)."""
-
-
-class OpenSearchRed(DeltabusError):
-    """An index the sink writes to has a primary shard that is not allocated."""
 
 
 class BulkItemsFailed(Exception):

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from deltabus.core.errors import ConfigError, DeltabusError
+from deltabus.core.errors import PostgresUnreachable as PostgresUnreachable
 from deltabus.core.retry import verdict
 
 APPLICATION_NAME = "deltabus-serve"
@@ -112,10 +113,6 @@ def redact(text: str, dsn: str | None) -> str:
     for secret in _secrets_in(dsn):
         text = text.replace(secret, "***")
     return text
-
-
-class PostgresUnreachable(DeltabusError):
-    """No PostgreSQL answers at the DSN's address (nothing listening, or it went away)."""
 
 
 def _user_failure(exc: BaseException) -> tuple[str, str] | None:
