@@ -27,10 +27,12 @@ import deltabus
 from deltabus.apps.timezones.contracts import FINISHED_MARK
 from deltabus.apps.timezones.etl.rejects import RejectsWriter
 from deltabus.apps.timezones.etl.validate import producer_rows, split_rows, split_valid
-from deltabus.connectors.pathway import Commit, DeltaLogTail, TableTail, concat, without_views
+from deltabus.bus.tail import Commit, DeltaLogTail
+from deltabus.connectors.pathway import TableTail
 from deltabus.core.errors import DeltabusError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
+from deltabus.delta.protocol import concat, without_views
 from deltabus.delta.tables import meta
 
 log = logging.getLogger(__name__)
