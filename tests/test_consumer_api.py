@@ -143,6 +143,37 @@ def test_on_lost_when_another_member_took_the_lease(minio_lake: Lake) -> None:
         consumer.close()
 
 
+def test_a_member_whose_lease_ended_hands_out_nothing_of_a_partition_taken_over(
+    minio_lake: Lake,
+) -> None:
+    bus = deltabus.Bus(minio_lake)
+    bus.create_stream("orders", ORDERS_SCHEMA, partitions=2, key="customer")
+    produce(bus, 1, 20, commits=2)
+    lost: list[list[StreamPartition]] = []
+    consumer = bus.consumer("orders", "audit", ttl_s=TTL_S, on_lost=lost.append)
+    try:
+        read(consumer, 20)
+        consumer.commit()
+        # Its renewals stop, as for a member cut off from the store, and its leases end;
+        # another member takes partition 0 at the committed position.
+        consumer._stop.set()
+        consumer._thread.join()
+        time.sleep(TTL_S + 0.5)
+        table = bus.stream("orders").table(0)
+        group = Group(minio_lake, "audit", 60.0, member="intruder")  # held past the test
+        assert group.take(table, 0) is not None
+        to_partition(bus, 2, 0, 10)
+        to_partition(bus, 3, 1, 10)
+        # Partition 1's lease ended but nobody took it: renewed, its batch handed out.
+        # Partition 0's batch is the new holder's alone.
+        batches = none_within(consumer, 3.0)
+        assert [(b.partition, b.rows.num_rows) for b in batches] == [(1, 10)]
+        assert lost == [[P0]]
+        assert consumer.assignment() == [P1]
+    finally:
+        consumer.close()
+
+
 def test_seek_position_committed_seek_to_time_pause_and_resume(minio_lake: Lake) -> None:
     bus = deltabus.Bus(minio_lake)
     bus.create_stream("orders", ORDERS_SCHEMA, partitions=2, key="customer")

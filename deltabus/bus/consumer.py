@@ -12,6 +12,14 @@ is out of range, as in Kafka: the member moves it as `auto_offset_reset` says, w
 warning, or raises `OffsetOutOfRangeError`. It is checked when the member takes the
 partition, after a `seek`, and when a data file a commit names is gone from storage.
 
+A batch is handed out only while this member's lease on its partition runs for at least
+`HANDOUT_MARGIN` of the lease time more (by the store's clock, deltabus.bus.groups);
+otherwise the lease is renewed first, by a conditional write that fails when another
+member took the partition meanwhile, and the batch is dropped with the partition. So a
+member cut off from the store stops handing out records once its lease would have
+ended (Kafka's session timeout), however long its reads took, and a member that took
+the partition over is the only one that hands out what follows the committed position.
+
 Rebalances call `on_assign`, `on_revoke` and `on_lost` as Kafka's `subscribe` listener
 does. A partition given up in a rebalance is first revoked (`on_revoke`, where a
 manual-commit application commits) and, with auto-commit, its position is committed
@@ -50,6 +58,9 @@ STARTS = ("beginning", "end")
 # is Kafka's.
 AUTO_OFFSET_RESETS = ("earliest", "latest", "error")
 DEFAULT_AUTO_OFFSET_RESET = "latest"
+# A batch is handed out only while the lease runs for this share of the lease time more;
+# it covers the error of the members' store-clock offsets (deltabus.bus.groups).
+HANDOUT_MARGIN = 1 / 6
 
 
 @dataclass(frozen=True, order=True)
@@ -83,11 +94,18 @@ class _Held:
     partition: int
     lease: Lease
     tail: DeltaLogTail
-    next_version: int  # to read next: returned batches end before it
+    next_version: int  # to read next: batches read end before it
     read_at_ms: int = 0  # commit timestamp of the newest batch returned
     # The oldest version retention keeps, to compare the position with before the next
     # read (None: checked).
     check: int | None = None
+    # A batch read but not yet handed out: its lease is to be confirmed first.
+    pending: Batch | None = None
+
+    @property
+    def returned(self) -> int:
+        """The position after what was handed out: the position a commit stores."""
+        return self.pending.version if self.pending is not None else self.next_version
 
 
 class Consumer:
@@ -166,7 +184,8 @@ class Consumer:
         self._next = 0  # round robin over held partitions
         self._lag_exported = float("-inf")
         self._closed = False
-        self.group.heartbeat()
+        self._beat_due = 0.0  # monotonic time of the next heartbeat
+        self._beat()
         self.rebalance()
         self._thread = threading.Thread(target=self._keep_alive, name="group", daemon=True)
         self._thread.start()
@@ -179,25 +198,49 @@ class Consumer:
     # -- membership -------------------------------------------------------------------------
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(self.ttl_s / 3):
+        """The heartbeat thread: a heartbeat every ttl / 3 seconds, then a rebalance. A
+        rebalance that waits for the consumer's lock (a read in progress) or takes several
+        partitions (each a read of the table's state) goes on beating meanwhile, so its
+        length does not make the others count this member gone."""
+        while not self._stop.wait(max(0.0, self._beat_due - time.monotonic())):
             try:
-                self.group.heartbeat()
-                self.rebalance()
+                self._beat()
+                self._rebalance(beat=True)
             except Exception as exc:  # noqa: BLE001 - an outage: leases may lapse, said
                 log.warning("group %s: heartbeat failed (%s)", self.group.name, exc)
+
+    def _beat(self) -> None:
+        self.group.heartbeat()
+        self._beat_due = time.monotonic() + self.ttl_s / 3
+
+    def _beat_if_due(self, beat: bool) -> None:
+        if beat and time.monotonic() >= self._beat_due:
+            self._beat()
 
     def rebalance(self) -> None:
         """Take the partitions dealt to this member, revoke and release the others, renew
         leases that are half spent; call the rebalance callbacks for what changed."""
+        self._rebalance(beat=False)
+
+    def _rebalance(self, beat: bool) -> None:
+        """`rebalance`; with `beat` (the heartbeat thread), heartbeats fall due meanwhile."""
         wanted = set(self.group.assigned(list(self.tables), self.group.live_members()))
-        with self._lock:
+        while not self._lock.acquire(timeout=self.ttl_s / 6):
+            self._beat_if_due(beat)
+        try:
             self._revoke(sorted(set(self.held) - wanted))
-            taken = [t for t in sorted(wanted - set(self.held)) if self._take(t)]
+            taken = []
+            for table in sorted(wanted - set(self.held)):
+                self._beat_if_due(beat)
+                if self._take(table):
+                    taken.append(table)
             if taken:
                 self._call(self.on_assign, taken)
             for table, held in list(self.held.items()):
                 if held.lease.expires_ms - self.group.now_ms() < self.ttl_s * 500:
                     self._write(table, held.lease.position)
+        finally:
+            self._lock.release()
 
     def _sp(self, table: str) -> StreamPartition:
         stream, partition = self.tables[table]
@@ -230,8 +273,8 @@ class Consumer:
             held = self.held.get(table)
             if held is None:
                 continue  # lost meanwhile (on_lost was called)
-            if self.auto_commit and held.next_version != held.lease.position:
-                if not self._write(table, held.next_version):
+            if self.auto_commit and held.returned != held.lease.position:
+                if not self._write(table, held.returned):
                     continue
             self._release(table)
 
@@ -357,11 +400,29 @@ class Consumer:
             tables = sorted(set(self.held) - self._paused)
             for i in range(len(tables)):
                 table = tables[(self._next + i) % len(tables)]
-                batch = self._read(table)
-                if batch is not None:
-                    self._next = (self._next + i + 1) % max(len(tables), 1)
-                    return batch
+                held = self.held.get(table)
+                if held is None:
+                    continue  # lost while another partition's lease was confirmed
+                batch = held.pending or self._read(table)
+                if batch is None:
+                    continue
+                held.pending = batch
+                if not self._owned(table):
+                    continue  # lost: the batch is dropped with the partition
+                held.pending = None
+                self._next = (self._next + i + 1) % max(len(tables), 1)
+                return batch
         return None
+
+    def _owned(self, table: str) -> bool:
+        """Whether this member may hand out a batch of `table` now: its lease runs for
+        `HANDOUT_MARGIN` of the lease time more, or a renewal (a conditional write) shows
+        no other member took the partition. False: lost, and dropped."""
+        held = self.held[table]
+        margin_ms = self.ttl_s * 1000 * HANDOUT_MARGIN
+        if held.lease.expires_ms - self.group.now_ms() > margin_ms:
+            return True
+        return self._write(table, held.lease.position)
 
     def _read(self, table: str) -> Batch | None:
         held = self.held[table]
@@ -405,8 +466,8 @@ class Consumer:
         to another member is dropped, its position left to that member."""
         with self._lock:
             for table, held in list(self.held.items()):
-                if held.next_version != held.lease.position:
-                    self._write(table, held.next_version)
+                if held.returned != held.lease.position:
+                    self._write(table, held.returned)
             self._export_lag()
 
     def _export_lag(self) -> None:
@@ -474,6 +535,7 @@ class Consumer:
             at = max(version, oldest)  # a version behind is moved before any read
             retry_storage(lambda h=held, v=at: h.tail.start(v), what=f"read {table}'s state")
             held.next_version = version
+            held.pending = None
             held.check = oldest
 
     def seek_to_time(self, when: datetime | int) -> None:
@@ -494,7 +556,7 @@ class Consumer:
     def position(self, sp: StreamPartition) -> int:
         """The next version this member reads from a partition it holds."""
         with self._lock:
-            return self.held[self._held_table(sp)].next_version
+            return self.held[self._held_table(sp)].returned
 
     def committed(self, sp: StreamPartition) -> int | None:
         """The group's stored position in any partition (None: never read)."""
