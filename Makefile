@@ -42,14 +42,14 @@ dagster-home:
 
 demo: minio postgres opensearch dagster-home  ## set everything up, run pipeline_job then its producer run's checks + latency through Dagster, print them
 	@echo "running pipeline_job (one stream window: the ETL transforms as the producer writes), then producer_run_job for its producer run (log: .deltabus/pipeline_job.log)"
-	@set -o pipefail; $(PY) -m assets.launch pipeline_job --then producer_run_job 2>&1 \
-	  | tee .deltabus/pipeline_job.log | $(PY) -m assets.progress \
+	@set -o pipefail; $(PY) -m tools.launch pipeline_job --then producer_run_job 2>&1 \
+	  | tee .deltabus/pipeline_job.log | $(PY) -m tools.progress \
 	  || { tail -n 40 .deltabus/pipeline_job.log; exit 1; }
 	@echo "serving timezone_unified in PostgreSQL (served_rows next to unified_net_rows):"
 	$(PY) -m deltabus serve postgres --once
 	@echo "indexing timezone_unified in OpenSearch (indexed_docs next to unified_net_rows):"
 	$(PY) -m deltabus serve opensearch --once
-	$(PY) -m assets.report
+	$(PY) -m tools.report
 
 ui: minio dagster-home  ## Dagster UI + daemon (sensors, schedules) on http://127.0.0.1:3000
 	$(PY) -m dagster dev -h 127.0.0.1 -p 3000

@@ -11,15 +11,15 @@ resources never show a secret in the UI or the logs.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from dagster import Definitions
+from dagster import Definitions, load_from_defs_folder
 from dotenv import load_dotenv
 
-from assets import benchmark, latency, maintenance, pipeline, service, serving, streams
 from deltabus.core.processes import apply_process_defaults
 from resources import default_resources, serving_resources
 
-DOMAINS = (pipeline, service, streams, serving, latency, benchmark, maintenance)
+PROJECT_ROOT = Path(__file__).resolve().parent
 
 apply_process_defaults()
 # Like `dagster dev`, read ./.env (or $DELTABUS_ENV_FILE) so the S3 resource's EnvVars
@@ -28,10 +28,11 @@ load_dotenv(os.environ.get("DELTABUS_ENV_FILE") or ".env", override=False)
 
 
 def build_definitions(resources: dict[str, object] | None = None) -> Definitions:
-    """Every domain's definitions, merged; `resources` replaces the environment-configured
+    """Every definition of the defs folder (`assets/`, named by `[tool.dg.project]` in
+    pyproject.toml) with the resources; `resources` replaces the environment-configured
     defaults (tests)."""
     return Definitions.merge(
-        *(domain.defs for domain in DOMAINS),
+        load_from_defs_folder(path_within_project=PROJECT_ROOT),
         Definitions(resources={**default_resources(), **serving_resources(), **(resources or {})}),
     )
 

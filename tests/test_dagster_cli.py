@@ -1,6 +1,6 @@
 """The Dagster CLI from the repo root, as a user runs it: what `make demo` runs
-(`python -m assets.launch pipeline_job --then producer_run_job`, then `python -m
-assets.report`), `dagster job execute -m definitions` and `dagster asset materialize`."""
+(`python -m tools.launch pipeline_job --then producer_run_job`, then `python -m
+tools.report`), `dagster job execute -m definitions` and `dagster asset materialize`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from assets.progress import short
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env
 from tests.helpers import assert_exactly_once
+from tools.progress import short
 
 REPO = Path(__file__).resolve().parents[1]
 DAGSTER = [sys.executable, "-m", "dagster"]
@@ -57,7 +57,7 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
             }
         )
     )
-    launch = [sys.executable, "-m", "assets.launch", "pipeline_job", "-c", str(config)]
+    launch = [sys.executable, "-m", "tools.launch", "pipeline_job", "-c", str(config)]
     then = ["--then", "producer_run_job", "--then-config", str(latency_config)]
     job = run([*launch, *then], env, tmp_path)
     assert job.returncode == 0, job.stderr[-4000:]
@@ -97,7 +97,7 @@ def test_pipeline_job_from_the_cli_then_the_report(minio_lake: Lake, tmp_path: P
     assert len(lines) == 2 and lines[0].startswith("pipeline_job deltabus "), runs
     assert re.match(r"producer_run_job deltabus \S+$", lines[1]), runs
 
-    report = run([sys.executable, "-m", "assets.report"], env, tmp_path, timeout=120)
+    report = run([sys.executable, "-m", "tools.report"], env, tmp_path, timeout=120)
     assert report.returncode == 0, report.stdout + report.stderr[-3000:]
     out = report.stdout
     assert "pipeline_job run" in out and "SUCCESS" in out

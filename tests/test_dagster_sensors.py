@@ -385,3 +385,43 @@ def test_a_service_of_two_processes_on_four_partitions(env):
         assert_exactly_once(lake, expected=3000)
     finally:
         group.stop(timeout=10)
+
+
+def test_unified_commits_sensor_reads_finish_marks_after_log_cleanup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A run counts as finished from its finish mark in the inputs and the ETL's positions,
+    both app transactions: no commit metadata is needed, and log cleanup removes none."""
+    from assets.pipeline.automation import unified_commits_sensor
+    from deltabus.core.settings import Settings
+
+    lake = Lake(Settings(storage="local", local_root=tmp_path / "lake", prefix="p"))
+    use_lake_env(monkeypatch, lake)
+    instance = DagsterInstance.ephemeral()
+
+    def evaluate():
+        return unified_commits_sensor(
+            build_sensor_context(instance=instance, resources=resources())
+        )
+
+    produce(lake, 2000, "m")
+    marked = {t: lake.latest_version(t) for t in INPUT_TABLES}  # the run's last commit
+    # The ETL copied every version but the one holding the run's finish mark: not finished.
+    unified_commit(lake, ["m-0"], {t: v - 1 for t, v in marked.items()})
+    assert isinstance(evaluate(), SkipReason)
+
+    # Log cleanup of every table: the inputs' commit metadata (`producer.finished`) is gone.
+    for table in (*INPUT_TABLES, UNIFIED_TABLE):
+        dt = lake.open(table)
+        dt.alter.set_table_properties({"delta.logRetentionDuration": "interval 1 seconds"})
+    time.sleep(2)
+    for table in (*INPUT_TABLES, UNIFIED_TABLE):
+        dt = lake.open(table)
+        dt.create_checkpoint()
+        dt.cleanup_metadata()
+        assert not (Path(lake.uri(table)) / "_delta_log" / f"{0:020d}.json").exists()
+    # The ETL copied the inputs through their newest versions (with no `etl.finished_runs`).
+    unified_commit(lake, ["m-1"], {t: lake.latest_version(t) for t in INPUT_TABLES})
+    result = evaluate()
+    assert isinstance(result, SensorResult)
+    assert [r.partition_key for r in result.run_requests] == ["m"]

@@ -1,4 +1,4 @@
-"""`python -m assets.launch` submits runs the way the UI's Launch button does, on Dagster's
+"""`python -m tools.launch` submits runs the way the UI's Launch button does, on Dagster's
 public APIs only: each run records the `deltabus` code location, goes through the instance's
 run queue (served by a daemon already running, else by one the launcher starts and stops),
 prints its log, and a failed run or a job that cannot be launched exits 1.
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 
-from assets.progress import short
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env
+from tools.progress import short
 
 REPO = Path(__file__).resolve().parents[1]
 # Modules of Dagster's packages whose name starts with "_" (`_core`, `_cli`, ...) are private.
@@ -58,7 +58,7 @@ def private_dagster_references(source: str) -> list[tuple[int, str]]:
 
 def test_no_project_module_uses_a_private_dagster_module():
     modules = project_modules()
-    assert REPO / "assets" / "launch.py" in modules and len(modules) > 20
+    assert REPO / "tools" / "launch.py" in modules and len(modules) > 20
     found = [
         f"{path.relative_to(REPO)}:{line}: {name}"
         for path in modules
@@ -101,7 +101,7 @@ def launch(home: Path, env: dict[str, str], cwd: Path, *args: str) -> subprocess
     (home / "dagster.yaml").write_text((REPO / "platform" / "dagster.yaml").read_text())
     env = {**env, "DAGSTER_HOME": str(home), "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "assets.launch", *args],
+        [sys.executable, "-m", "tools.launch", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -119,7 +119,7 @@ def test_a_failed_run_exits_1_and_is_recorded_like_a_ui_launch(
     assert job.returncode == 1, job.stderr[-4000:]
     failed = re.search(r"^producer_run_job run (\S+): FAILURE$", job.stderr, re.MULTILINE)
     assert failed, job.stderr[-4000:]
-    # The run's log reaches the launcher's stderr, in the lines assets.progress reads.
+    # The run's log reaches the launcher's stderr, in the lines tools.progress reads.
     assert "unified_checks: FAILED" in [short(line) for line in job.stderr.splitlines()]
     assert 'Execution of run for "producer_run_job" failed' in job.stderr
 
@@ -168,7 +168,7 @@ def test_a_running_daemon_serves_the_queue_and_no_second_one_starts(
             assert time.monotonic() < deadline, "the daemon sent no heartbeat"
             time.sleep(1)
         job = subprocess.run(
-            [sys.executable, "-m", "assets.launch", "producer_run_job"],
+            [sys.executable, "-m", "tools.launch", "producer_run_job"],
             cwd=tmp_path,
             env=env,
             capture_output=True,

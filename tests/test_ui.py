@@ -1,5 +1,5 @@
 """The Dagster UI as a person sees it after `make demo`: a stream window launched from the
-code location (`python -m assets.launch pipeline_job --then producer_run_job`) against the
+code location (`python -m tools.launch pipeline_job --then producer_run_job`) against the
 real MinIO fixture, then `dagster dev` (webserver and daemon) on the repo's workspace.yaml
 and that run's DAGSTER_HOME, and pages opened in headless Chromium (DOM dumps and
 screenshots): the asset graph, the latency table inline, the runs timeline, freshness.
@@ -106,7 +106,7 @@ def webserver(minio, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         json.dumps({"ops": {"latency_percentiles": {"config": {"plot_dir": str(tmp / "plots")}}}})
     )
     demo = subprocess.run(
-        [sys.executable, "-m", "assets.launch", "pipeline_job", "-c", str(window)]
+        [sys.executable, "-m", "tools.launch", "pipeline_job", "-c", str(window)]
         + ["--then", "producer_run_job", "--then-config", str(latency)],
         cwd=tmp,
         env=env,

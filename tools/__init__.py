@@ -1,1 +1,2 @@
-"""Repository tools: docs generation, single-mechanism benchmarks. deltabus never imports them."""
+"""Repository tools: docs generation, the Dagster launcher, run report and progress lines,
+single-mechanism benchmarks. deltabus never imports them."""

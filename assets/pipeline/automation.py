@@ -4,6 +4,7 @@ import json
 
 from dagster import (
     AssetKey,
+    AssetPartitionStatus,
     AssetSelection,
     DefaultSensorStatus,
     RunRequest,
@@ -19,7 +20,7 @@ from assets.common import PRODUCER_RUNS
 from assets.latency.assets import LATENCY_ASSET
 from assets.service.automation import SERVICE_CHECKS
 from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
-from deltabus.apps.timezones.etl.positions import recorded_finished_runs
+from deltabus.apps.timezones.etl.positions import finished_runs_copied, recorded_finished_runs
 from deltabus.apps.timezones.layout import read_layout
 from resources.lake import LakeResource
 
@@ -48,6 +49,8 @@ producer_run_job = define_asset_job(
 
 # Producer runs a sensor cursor remembers (the newest): older ones are long done.
 REMEMBERED_RUNS = 500
+# Latency partition states in which a run is measured, or being measured, already.
+MEASURED = (AssetPartitionStatus.MATERIALIZED, AssetPartitionStatus.IN_PROGRESS)
 
 
 @sensor(
@@ -55,19 +58,24 @@ REMEMBERED_RUNS = 500
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.STOPPED,
     description="Once per producer run, when the ETL has written that run's last message "
-    "(its finish marker reached timezone_unified): adds the run to the producer_runs "
-    "partitions and requests producer_run_job for it (run key = lake root + run id). Runs "
-    "whose latency partition is already materialized (make demo) are not requested again.",
+    "(its position in every input passed the run's finish mark): adds the run to the "
+    "producer_runs partitions and requests producer_run_job for it (run key = lake root + "
+    "run id). Runs whose latency partition is already materialized or being materialized "
+    "(make demo) are not requested again.",
 )
 def unified_commits_sensor(context: SensorEvaluationContext, lake: LakeResource):
     lk = lake.lake()
     layout = read_layout(lk)
-    present = [t for t in layout.unified_tables if lk.exists(t)]
+    present = [i for i in range(layout.partitions) if lk.exists(layout.unified_of(i))]
     if not present:
         return SkipReason(f"no table at {lk.uri(layout.unified_tables[0])} yet")
     finished: dict[str, set[str]] = {}
-    for table in present:  # every partition records the runs finished in its inputs
-        for source, runs in recorded_finished_runs(lk.open(table)).items():
+    for i in present:
+        table = layout.unified_of(i)
+        # The finish marks the ETL's positions passed (app transactions, which log cleanup
+        # keeps), and the runs its commits record (inputs written before the marks).
+        copied = finished_runs_copied(lk, table, layout.inputs_of(i))
+        for source, runs in [*copied.items(), *recorded_finished_runs(lk.open(table)).items()]:
             finished.setdefault(source, set()).update(runs)
     # A run is finished when its last message reached the output from every input table.
     complete = set.intersection(*(finished.get(t, set()) for t in layout.input_tables))
@@ -77,7 +85,8 @@ def unified_commits_sensor(context: SensorEvaluationContext, lake: LakeResource)
         return SkipReason(
             f"no producer run finished since the last request ({len(complete)} finished)"
         )
-    measured = context.instance.get_materialized_partitions(AssetKey(LATENCY_ASSET))
+    status = context.instance.get_status_by_partition(AssetKey(LATENCY_ASSET), new, PRODUCER_RUNS)
+    measured = {run for run, state in (status or {}).items() if state in MEASURED}
     known = set(context.instance.get_dynamic_partitions(PRODUCER_RUNS.name or ""))
     unknown = [run for run in new if run not in known]
     return SensorResult(

@@ -1,8 +1,8 @@
 """Launch a job of the `deltabus` code location as the UI does, and wait for it.
 
-    python -m assets.launch pipeline_job                        # the stream window
-    python -m assets.launch pipeline_job --then producer_run_job  # what `make demo` runs
-    python -m assets.launch pipeline_job -c run.yaml --then producer_run_job --then-config l.yaml
+    python -m tools.launch pipeline_job                        # the stream window
+    python -m tools.launch pipeline_job --then producer_run_job  # what `make demo` runs
+    python -m tools.launch pipeline_job -c run.yaml --then producer_run_job --then-config l.yaml
 
 Runs are submitted the way the UI's Launch button submits them: a `dagster-webserver` on
 workspace.yaml (started here on a free loopback port) receives them through Dagster's GraphQL
@@ -10,7 +10,7 @@ client, so each run records the code location `deltabus` (the UI's runs timeline
 job's page list only such runs) and goes through the instance's run queue, limits and pools.
 The queue is served by the daemon of a `dagster dev` already running on the same DAGSTER_HOME,
 else by a `dagster-daemon run` started here. That daemon's run worker prints the run's log to
-this process's stderr in the format of `dagster job execute`, which `assets.progress` reads.
+this process's stderr in the format of `dagster job execute`, which `tools.progress` reads.
 `--then JOB` runs a partitioned job next for the producer run the first one wrote, the run the
 unified_commits_sensor would request. Everything started here is stopped before it returns.
 

@@ -1,10 +1,12 @@
 """Print what the latest run of a job found: latency table, checks, outputs.
 
-    python -m assets.report                 # latest pipeline_job run in $DAGSTER_HOME, and
+    python -m tools.report                  # latest pipeline_job run in $DAGSTER_HOME, and
                                             # the producer_run_job run of its producer run
-    python -m assets.report --job producer_run_job
+    python -m tools.report --job producer_run_job
 
-Exits 1 when that run failed or an ERROR-severity check did not pass.
+Exits 1 when that run failed or an ERROR-severity check did not pass. Runs are read with
+`get_run_records` and materializations with `fetch_materializations`; check evaluations
+with `get_records_for_run`, as no `@public` instance method of Dagster 1.13 returns them.
 """
 
 import argparse
@@ -12,42 +14,73 @@ import os
 import sys
 from typing import Any
 
-from dagster import AssetCheckSeverity, DagsterEventType, DagsterInstance, DagsterRun, RunsFilter
+from dagster import (
+    AssetCheckSeverity,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+    DagsterInstance,
+    RunRecord,
+    RunsFilter,
+)
 
 FOLLOW_UP_JOB = "producer_run_job"
 PARTITION_TAG = "dagster/partition"
+# The assets whose materializations the report prints.
+REPORTED_ASSETS = (
+    "timezone1",
+    "timezone2",
+    "timezone_unified",
+    "results_csv",
+    "latency_percentiles",
+)
+# Materializations of one asset read per run: a run writes one (one partition) of each.
+MATERIALIZATIONS_READ = 20
 
 
 def _value(entry: object) -> object:
     return getattr(entry, "value", entry)
 
 
-def _materializations(instance: DagsterInstance, run_id: str) -> dict[str, Any]:
+def _materializations(instance: DagsterInstance, run: RunRecord) -> dict[str, Any]:
+    """The metadata of each reported asset's materialization by `run`, by asset name."""
     out = {}
-    for record in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
-        mat = record.dagster_event.event_specific_data.materialization  # type: ignore[union-attr]
-        out[mat.asset_key.to_user_string()] = mat.metadata
+    since = run.create_timestamp.timestamp()
+    for name in REPORTED_ASSETS:
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey(name), after_timestamp=since),
+            limit=MATERIALIZATIONS_READ,
+        ).records
+        for record in records:
+            mat = record.asset_materialization
+            if record.run_id == run.dagster_run.run_id and mat is not None:
+                out[name] = mat.metadata
+                break
     return out
 
 
-def _follow_up(instance: DagsterInstance, producer_run: str | None) -> DagsterRun | None:
+def _latest_run(instance: DagsterInstance, filters: RunsFilter) -> RunRecord | None:
+    records = instance.get_run_records(filters=filters, limit=1)
+    return records[0] if records else None
+
+
+def _follow_up(instance: DagsterInstance, producer_run: str | None) -> RunRecord | None:
     """The latest producer_run_job run of `producer_run` (its latency partition)."""
     if producer_run is None:
         return None
-    runs = instance.get_runs(
-        filters=RunsFilter(job_name=FOLLOW_UP_JOB, tags={PARTITION_TAG: producer_run}), limit=1
+    return _latest_run(
+        instance, RunsFilter(job_name=FOLLOW_UP_JOB, tags={PARTITION_TAG: producer_run})
     )
-    return runs[0] if runs else None
 
 
 def report(job: str, instance: DagsterInstance) -> int:
-    runs = instance.get_runs(filters=RunsFilter(job_name=job), limit=1)
-    if not runs:
+    record = _latest_run(instance, RunsFilter(job_name=job))
+    if record is None:
         print(f"no run of {job} in {os.environ.get('DAGSTER_HOME', 'this instance')}")
         return 1
-    run = runs[0]
+    run = record.dagster_run
     print(f"{job} run {run.run_id}: {run.status.value}")
-    materializations = _materializations(instance, run.run_id)
+    materializations = _materializations(instance, record)
     produced = [
         int(_value(materializations[t]["rows_written"]))  # type: ignore[arg-type]
         for t in ("timezone1", "timezone2")
@@ -58,19 +91,14 @@ def report(job: str, instance: DagsterInstance) -> int:
     follow = (
         _follow_up(instance, producer_run and str(producer_run)) if job != FOLLOW_UP_JOB else None
     )
-    runs_read = [run, *([follow] if follow else [])]
+    runs_read = [run, *([follow.dagster_run] if follow else [])]
     if follow is not None:
         print(
-            f"{FOLLOW_UP_JOB} run {follow.run_id} (producer run {producer_run}): "
-            f"{follow.status.value}"
+            f"{FOLLOW_UP_JOB} run {follow.dagster_run.run_id} (producer run {producer_run}): "
+            f"{follow.dagster_run.status.value}"
         )
-        materializations = {**materializations, **_materializations(instance, follow.run_id)}
-    record = instance.get_run_record_by_id(run.run_id)
-    elapsed = (
-        record.end_time - record.start_time
-        if record and record.start_time and record.end_time
-        else None
-    )
+        materializations = {**materializations, **_materializations(instance, follow)}
+    elapsed = record.end_time - record.start_time if record.start_time and record.end_time else None
     print("\nsummary:")
     if produced:
         print(f"  messages produced   {sum(produced)}")
@@ -96,8 +124,11 @@ def report(job: str, instance: DagsterInstance) -> int:
     # The latest evaluation of each check across the run and its follow-up.
     evaluations: dict[str, Any] = {}
     for r in runs_read:
-        for rec in instance.all_logs(r.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
-            ev = rec.dagster_event.event_specific_data  # type: ignore[union-attr]
+        connection = instance.get_records_for_run(
+            r.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION
+        )
+        for rec in connection.records:
+            ev = rec.event_log_entry.dagster_event.event_specific_data  # type: ignore[union-attr]
             evaluations[f"{ev.asset_key.to_user_string()}.{ev.check_name}"] = ev
     if evaluations:
         print("\nchecks:")

@@ -1,6 +1,6 @@
 """Short progress lines from a `dagster job execute` log on stdin (what `make demo` shows).
 
-    dagster job execute -m definitions -j pipeline_job 2>&1 | tee log | python -m assets.progress
+    dagster job execute -m definitions -j pipeline_job 2>&1 | tee log | python -m tools.progress
 
 Prints each step's start and end and the steps' own INFO messages (producer progress, the
 ETL starting), one short line each, so a run of a minute is never a minute of silence.
