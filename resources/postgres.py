@@ -12,7 +12,7 @@ from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
 from deltabus.adapters.serving import pg
-from deltabus.adapters.serving.target import DEFAULT_TABLE, check_table_name
+from deltabus.adapters.serving.postgres_target import DEFAULT_TABLE, check_table_name
 
 DSN_VAR = "DELTABUS_POSTGRES_DSN"
 

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus.adapters.serving.compare import compare
-from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
+from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
 from deltabus.apps.timezones.producer import Producer, ProducerConfig, ProducerReport
 from deltabus.delta.lake import Lake
 from tests.pg_fixture import Postgres

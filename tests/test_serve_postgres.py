@@ -29,8 +29,8 @@ from deltalake import write_deltalake
 from deltabus.adapters.dev.postgres_process import PostgresServer
 from deltabus.adapters.serving import pg
 from deltabus.adapters.serving.compare import compare, served, served_position
-from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
-from deltabus.adapters.serving.target import POSITION_TABLE, PostgresTarget
+from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
+from deltabus.adapters.serving.postgres_target import POSITION_TABLE, PostgresTarget
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_SCHEMA, UNIFIED_TABLE
 from deltabus.apps.timezones.producer import Producer, ProducerConfig
 from deltabus.core.errors import ConfigError

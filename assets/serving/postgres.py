@@ -22,7 +22,7 @@ from pydantic import Field
 
 from assets.common import OWNERS, PIPELINE_GROUP, markdown_table
 from deltabus.adapters.serving.compare import compare, serving_lag
-from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
+from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from resources.lake import LakeResource
 from resources.postgres import PostgresResource

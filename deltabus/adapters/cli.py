@@ -767,10 +767,10 @@ def serve_postgres(
     import threading
 
     from deltabus.adapters.serving import pg
-    from deltabus.adapters.serving.sink import PostgresSink, ServeConfig
+    from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
 
     metrics.set_component("serve-postgres")
-    from deltabus.adapters.serving.target import check_table_name
+    from deltabus.adapters.serving.postgres_target import check_table_name
 
     if not 1 <= max_versions <= 10_000:
         raise ConfigError("--max-versions must be 1..10000")

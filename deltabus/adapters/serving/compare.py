@@ -3,7 +3,8 @@
 The unified side is DuckDB over the Delta table (`timezone_unified_net`, apps.timezones.duck);
 the served side is read with COPY ... TO STDOUT (DuckDB's postgres extension cannot be
 downloaded offline), each message given back from its stored form (a message holding a
-NUL character is stored escaped, deltabus.adapters.serving.target), so every message is compared.
+NUL character is stored escaped, deltabus.adapters.serving.postgres_target), so every
+message is compared.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import polars as pl
 
 from deltabus.adapters.serving import pg
-from deltabus.adapters.serving.target import POSITION_TABLE, check_table_name, message_text
+from deltabus.adapters.serving.postgres_target import POSITION_TABLE, check_table_name, message_text
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.duck import UNIFIED_NET_VIEW, lake_connection
 from deltabus.delta.lake import Lake

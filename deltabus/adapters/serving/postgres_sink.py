@@ -1,6 +1,6 @@
 """The PostgreSQL serving sink: tail `timezone_unified` (deltabus.adapters.serving.sink_loop) and
 apply each run of commits to the served table in one transaction with the sink's
-position (deltabus.adapters.serving.target).
+position (deltabus.adapters.serving.postgres_target).
 
 A fresh sink loads the table's current net content in one transaction, then follows the
 commits after it. PostgreSQL going away mid-stream is waited out: the sink reconnects,
@@ -14,8 +14,8 @@ import threading
 from dataclasses import asdict, dataclass
 
 from deltabus.adapters.serving import pg
+from deltabus.adapters.serving.postgres_target import PostgresTarget
 from deltabus.adapters.serving.sink_loop import Applied, ServeConfig, SinkLoop
-from deltabus.adapters.serving.target import PostgresTarget
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.bus.tail import Commit
 from deltabus.delta.lake import Lake
