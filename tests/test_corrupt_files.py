@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_TABLE
 from deltabus.apps.timezones.etl.positions import position_marker
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import read_table
@@ -78,7 +78,7 @@ def test_corrupt_input_file_stops_the_etl_then_skip_lets_the_rest_through(
 ) -> None:
     env = lake_env(minio_lake) | {"DELTABUS_RETRY_MAX_WAIT_S": "60"}
     config = ProducerConfig(rate=20_000, count=600, commit_interval=0.05, run_id="cf")
-    assert Producer(minio_lake, config).run().messages == 600
+    assert TimezoneProducer(minio_lake, config).run().messages == 600
     first = run_cli(["etl"], env, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     unified_before = read_table(minio_lake, UNIFIED_TABLE)

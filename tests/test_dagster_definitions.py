@@ -12,7 +12,7 @@ import pytest
 from dagster import AssetKey, DagsterInstance, Definitions, EnvVar
 
 from deltabus.apps.timezones.contracts import INPUT_TABLES
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
 from tests.conftest import clear_lake_env, use_lake_env
 
@@ -126,7 +126,7 @@ def test_maintenance_job_compacts_and_reports(minio_lake: Lake, monkeypatch: pyt
     from resources import default_resources
 
     use_lake_env(monkeypatch, minio_lake)
-    Producer(minio_lake, ProducerConfig(rate=5000, count=2000, run_id="maint")).run()
+    TimezoneProducer(minio_lake, ProducerConfig(rate=5000, count=2000, run_id="maint")).run()
     versions = {t: minio_lake.open(t).version() for t in INPUT_TABLES}
     job = build_definitions(default_resources()).resolve_job_def("maintenance_job")
     result = job.execute_in_process(

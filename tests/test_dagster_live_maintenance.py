@@ -12,7 +12,7 @@ from dagster import DagsterInstance
 
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
-from deltabus.apps.timezones.producer import Producer, ProducerConfig, ProducerReport
+from deltabus.apps.timezones.producer import ProducerConfig, ProducerReport, TimezoneProducer
 from deltabus.delta.lake import Lake
 from tests.conftest import minio_settings_for, use_lake_env
 from tests.helpers import assert_exactly_once
@@ -37,7 +37,7 @@ def test_maintenance_job_on_a_live_pipeline(
     etl = start_etl(lake, tmp_path, DELTABUS_LOG_RETENTION_S=str(RETENTION_S))
     config = ProducerConfig(rate=RATE, count=RATE * SECONDS, commit_interval=0.1, run_id="live")
     reports: list[ProducerReport] = []
-    producer = threading.Thread(target=lambda: reports.append(Producer(lake, config).run()))
+    producer = threading.Thread(target=lambda: reports.append(TimezoneProducer(lake, config).run()))
     producer.start()
     passes = 0
     try:

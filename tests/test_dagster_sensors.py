@@ -21,7 +21,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_SCHEMA, UNIFIED_TABLE
 from deltabus.apps.timezones.etl.positions import ETL_APP_ID, position_marker
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.apps.timezones.service import EtlService, lag, process_alive
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table, metadata
@@ -38,7 +38,7 @@ def env(minio_lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> di
 
 
 def produce(lake: Lake, count: int, run_id: str, rate: float = 5000) -> None:
-    report = Producer(
+    report = TimezoneProducer(
         lake, ProducerConfig(rate=rate, count=count, commit_interval=0.1, run_id=run_id)
     ).run()
     assert report.messages == count

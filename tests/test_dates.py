@@ -33,7 +33,7 @@ from deltabus.apps.timezones.etl import dates
 from deltabus.apps.timezones.etl.pipeline import unified_expression
 from deltabus.apps.timezones.etl.source import BatchSchema
 from deltabus.apps.timezones.etl.validate import MAX_MESSAGE_BYTES, split_valid
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import TABLE_CONFIGURATION, ensure_table
 from tests.conftest import lake_env
@@ -525,7 +525,7 @@ def test_poison_rows_go_to_rejects_and_the_stream_goes_on(lake: Lake, tmp_path: 
         configuration=TABLE_CONFIGURATION,
     )
     # The rows after the poison: a real producer run, whose last commit marks it finished.
-    Producer(
+    TimezoneProducer(
         lake, ProducerConfig(rate=2000, count=1000, commit_interval=0.05, run_id="after")
     ).run()
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from deltabus.adapters.etl_lease import GROUP
-from deltabus.apps.timezones.layout import Layout, ensure_layout
+from deltabus.apps.timezones.layout import TimezoneLayout, ensure_layout
 from deltabus.bus.fence import current_epoch, epoch_owner
 from deltabus.bus.groups import Group, now_ms
 from deltabus.delta.lake import Lake
@@ -29,7 +29,7 @@ from deltabus.delta.tables import iter_commits, meta
 from tests.conftest import lake_env, run_cli
 from tests.helpers import assert_exactly_once, read_table, wait_for_file
 
-FOUR = Layout(4)
+FOUR = TimezoneLayout(4)
 TTL_S = 3.0
 
 

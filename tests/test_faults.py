@@ -22,7 +22,7 @@ from deltalake import DeltaTable, write_deltalake
 import deltabus
 from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, PIPELINE_TABLES
-from deltabus.apps.timezones.producer import Producer, ProducerConfig, build_batches
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer, build_batches
 from deltabus.core.net import restartable_port
 from deltabus.delta.lake import Lake
 from deltabus.delta.maintenance import maintain
@@ -73,7 +73,7 @@ def produce_in_background(lake: Lake, **config) -> tuple[threading.Thread, list]
     reports: list = []
 
     def target() -> None:
-        reports.append(Producer(lake, ProducerConfig(**config)).run())
+        reports.append(TimezoneProducer(lake, ProducerConfig(**config)).run())
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()

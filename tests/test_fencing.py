@@ -15,7 +15,7 @@ import pytest
 
 from deltabus.apps.timezones.contracts import UNIFIED_SCHEMA, UNIFIED_TABLE
 from deltabus.apps.timezones.etl.sink import DeltaSinkObserver, open_unified
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.bus.fence import EPOCH_APP_ID, FencedError, claim, current_epoch
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table
@@ -140,7 +140,7 @@ def test_a_dead_sink_ends_an_idle_etl(local_lake: Lake, full_unified_dir: Path, 
     ready = tmp_path / "ready"
     etl = etl_process(env, tmp_path, "--mode", "continuous", "--ready-file", str(ready))
     wait_for_file(ready, etl)
-    Producer(local_lake, ProducerConfig(rate=1000, count=200, run_id="before")).run()
+    TimezoneProducer(local_lake, ProducerConfig(rate=1000, count=200, run_id="before")).run()
     deadline = time.monotonic() + 30
     while read_unified(local_lake).height < 200 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -148,7 +148,7 @@ def test_a_dead_sink_ends_an_idle_etl(local_lake: Lake, full_unified_dir: Path, 
     (full_unified_dir / "filler").write_bytes(b"x" * (2 * 1024 * 1024 - 64 * 1024))
     with contextlib.suppress(OSError):  # fill the last blocks
         (full_unified_dir / "filler2").write_bytes(b"x" * (256 * 1024))
-    Producer(local_lake, ProducerConfig(rate=1000, count=2000, run_id="after")).run()
+    TimezoneProducer(local_lake, ProducerConfig(rate=1000, count=2000, run_id="after")).run()
     started = time.monotonic()
     try:
         _, err = etl.communicate(timeout=30)

@@ -25,7 +25,7 @@ from deltalake import DeltaTable, TableFeatures, write_deltalake
 
 from deltabus.apps.timezones.contracts import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE
 from deltabus.apps.timezones.etl.positions import position_marker
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
 from deltabus.delta.protocol import (
     TableState,
@@ -158,7 +158,7 @@ def wait_for_exit(etl: subprocess.Popen[str], timeout: float = 60) -> tuple[int,
 
 def produce(lake: Lake, count: int = 1500, run_id: str = "fw") -> None:
     config = ProducerConfig(rate=20_000, count=count, commit_interval=0.05, run_id=run_id)
-    assert Producer(lake, config).run().messages == count
+    assert TimezoneProducer(lake, config).run().messages == count
 
 
 def delta(lake: Lake, table: str) -> DeltaTable:

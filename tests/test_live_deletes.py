@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 
 from deltabus.adapters.serving.compare import compare
 from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
-from deltabus.apps.timezones.producer import Producer, ProducerConfig, ProducerReport
+from deltabus.apps.timezones.producer import ProducerConfig, ProducerReport, TimezoneProducer
 from deltabus.delta.lake import Lake
 from tests.pg_fixture import Postgres
 from tests.test_foreign_writers import (
@@ -53,7 +53,7 @@ def test_delete_and_merge_commit_while_the_producer_streams(
     etl = start_etl(lake, tmp_path)
     config = ProducerConfig(rate=RATE, count=RATE * SECONDS, commit_interval=0.1, run_id="live")
     reports: list[ProducerReport] = []
-    producer = threading.Thread(target=lambda: reports.append(Producer(lake, config).run()))
+    producer = threading.Thread(target=lambda: reports.append(TimezoneProducer(lake, config).run()))
     producer.start()
     try:
         time.sleep(5)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from deltabus.adapters.bench.consumer import LiveStats
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
 
 
@@ -51,7 +51,7 @@ def test_the_producer_reports_progress_as_often_as_the_display_asks(local_lake: 
     show the consumer seeing messages not produced yet."""
     calls: list[tuple[float, int]] = []
     config = ProducerConfig(rate=2000, count=4000, commit_interval=0.05, run_id="progress")
-    report = Producer(local_lake, config).run(
+    report = TimezoneProducer(local_lake, config).run(
         on_progress=lambda p: calls.append((time.monotonic(), p["messages"])),
         progress_every_s=0.25,
     )

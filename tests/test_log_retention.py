@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.core.errors import StorageError
 from deltabus.core.settings import Settings
@@ -27,14 +27,14 @@ def test_expired_log_keeps_state_and_is_detected(tmp_path: Path) -> None:
     env = lake_env(lake) | {"DELTABUS_LOG_RETENTION_S": "10"}
     # About 120 commits per table in 6 s.
     first = ProducerConfig(rate=2000, count=12_000, commit_interval=0.05, run_id="old")
-    assert Producer(lake, first).run().messages == 12_000
+    assert TimezoneProducer(lake, first).run().messages == 12_000
     etl = run_cli(["etl"], env, tmp_path)
     assert etl.returncode == 0, etl.stderr[-2000:]
     assert len(log_files(lake, "timezone1")) > 100
 
     time.sleep(11)  # everything so far is now older than the retention
     second = ProducerConfig(rate=2000, count=12_000, commit_interval=0.05, run_id="new")
-    Producer(lake, second).run()
+    TimezoneProducer(lake, second).run()
     # Checkpoints (every 100 commits) deleted the expired log files.
     remaining = log_files(lake, "timezone1")
     assert remaining[0] != "00000000000000000000.json"
@@ -46,7 +46,7 @@ def test_expired_log_keeps_state_and_is_detected(tmp_path: Path) -> None:
     assert_exactly_once(lake, expected=24_000)
 
     # A producer rerun resumes from its app transactions: nothing written twice.
-    rerun = Producer(lake, first).run()
+    rerun = TimezoneProducer(lake, first).run()
     assert rerun.messages == 0
     assert_exactly_once(lake, expected=24_000)
 
@@ -70,7 +70,7 @@ def test_lag_agrees_with_the_etl_after_log_cleanup(tmp_path: Path) -> None:
     )
     env = lake_env(lake) | {"DELTABUS_LOG_RETENTION_S": "10"}
     config = ProducerConfig(rate=2000, count=4000, commit_interval=0.05, run_id="lagdrift")
-    Producer(lake, config).run()
+    TimezoneProducer(lake, config).run()
     etl = run_cli(["etl"], env, tmp_path)
     assert etl.returncode == 0, etl.stderr[-2000:]
     before = lag(lake)
@@ -122,7 +122,7 @@ def test_removed_files_leave_the_log_state_after_their_retention(
         )
     )
     first = ProducerConfig(rate=2000, count=6000, commit_interval=0.05, run_id="a")
-    assert Producer(lake, first).run().messages == 6000
+    assert TimezoneProducer(lake, first).run().messages == 6000
     dt = lake.open("timezone1")
     expected = None if deleted_file_retention_s is None else "interval 10 seconds"
     assert dt.metadata().configuration.get("delta.deletedFileRetentionDuration") == expected
@@ -132,7 +132,7 @@ def test_removed_files_leave_the_log_state_after_their_retention(
 
     time.sleep(11)
     second = ProducerConfig(rate=2000, count=6000, commit_interval=0.05, run_id="b")
-    assert Producer(lake, second).run().messages == 6000
+    assert TimezoneProducer(lake, second).run().messages == 6000
     assert lake.open("timezone1").version() >= compacted.version_after + 5  # a new checkpoint
     removes = _checkpoint_removes(lake, "timezone1")
     if deleted_file_retention_s is None:

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from deltabus.adapters.bench.cost import RequestMeter
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.bus.pacing import Pacer
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
@@ -96,7 +96,7 @@ def test_a_quiet_etl_costs_little_and_wakes_for_the_next_commit(minio, tmp_path:
     try:
         wait_for_file(ready, etl)
         config = ProducerConfig(rate=2000, count=400, commit_interval=0.1, run_id="busy")
-        Producer(lake, config).run()
+        TimezoneProducer(lake, config).run()
         wait_rows(lake, 400)
         time.sleep(3)  # long enough for every poll to back off to the idle cap
         meter = RequestMeter(minio.endpoint)
@@ -108,7 +108,9 @@ def test_a_quiet_etl_costs_little_and_wakes_for_the_next_commit(minio, tmp_path:
         # second, where polling every 20 ms costs 100.
         assert idle is not None and idle["total"] < 8, idle
         start = time.monotonic()
-        Producer(lake, ProducerConfig(rate=100, count=10, commit_interval=0.1, run_id="late")).run()
+        TimezoneProducer(
+            lake, ProducerConfig(rate=100, count=10, commit_interval=0.1, run_id="late")
+        ).run()
         # The first commit after the pause is seen within one idle poll (plus the commit).
         assert wait_rows(lake, 410) < 2.0 + (time.monotonic() - start)
     finally:

@@ -16,12 +16,12 @@ import pytest
 
 from deltabus.apps.timezones.layout import (
     LAYOUT_KEY,
-    Layout,
+    TimezoneLayout,
     ensure_layout,
     partition_of,
     read_layout,
 )
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.apps.timezones.results import export_results
 from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
@@ -30,18 +30,18 @@ from tests.helpers import assert_exactly_once, etl_process, read_table, wait_for
 
 
 def test_the_hash_partitioner_spreads_evenly_and_always_alike():
-    index, hashed = np.arange(40_000), Layout(4, "hash")
+    index, hashed = np.arange(40_000), TimezoneLayout(4, "hash")
     parts = partition_of("run7", index, hashed, 1000)
     assert np.array_equal(parts, partition_of("run7", index, hashed, 1000))  # deterministic
     assert np.array_equal(parts, partition_of("run7", index, hashed, 7))  # windows play no part
     counts = np.bincount(parts, minlength=4)
     assert counts.min() > 9_500 and counts.max() < 10_500, counts
     assert not np.array_equal(parts, partition_of("run8", index, hashed, 1000))  # run in key
-    assert (partition_of("run7", index, Layout(1), 1000) == 0).all()
+    assert (partition_of("run7", index, TimezoneLayout(1), 1000) == 0).all()
 
 
 def test_the_sticky_partitioner_gives_each_window_to_one_partition_in_turn():
-    index, four = np.arange(40_000), Layout(4)
+    index, four = np.arange(40_000), TimezoneLayout(4)
     parts = partition_of("run7", index, four, 1000)
     assert np.array_equal(parts, partition_of("run7", index, four, 1000))  # deterministic
     by_window = parts.reshape(40, 1000)
@@ -60,9 +60,9 @@ def test_the_sticky_partitioner_gives_each_window_to_one_partition_in_turn():
 
 
 def test_layout_names_and_assignment():
-    assert Layout(1).input_tables == ["timezone1", "timezone2"]
-    assert Layout(1).unified_tables == ["timezone_unified"]
-    four = Layout(4)
+    assert TimezoneLayout(1).input_tables == ["timezone1", "timezone2"]
+    assert TimezoneLayout(1).unified_tables == ["timezone_unified"]
+    four = TimezoneLayout(4)
     assert four.inputs_of(2) == ["timezone1-p2", "timezone2-p2"]
     assert four.unified_of(3) == "timezone_unified-p3"
     assert four.owned(0, 2) == [0, 2] and four.owned(1, 2) == [1, 3]
@@ -70,36 +70,38 @@ def test_layout_names_and_assignment():
     with pytest.raises(ConfigError, match="ETL processes must be 1..4"):
         four.owned(0, 5)
     with pytest.raises(ConfigError, match="partitions must be 1..64"):
-        Layout(0)
+        TimezoneLayout(0)
 
 
 def test_the_layout_is_recorded_once_and_never_changed(lake: Lake):
     assert read_layout(lake).partitions == 1  # a new lake
     assert ensure_layout(lake, 3).partitions == 3
-    assert read_layout(lake) == Layout(3, "sticky")  # readers are not told: it is recorded
+    assert read_layout(lake) == TimezoneLayout(3, "sticky")  # readers are not told: it is recorded
     assert ensure_layout(lake, None).partitions == 3
     with pytest.raises(ConfigError, match="has 3 partitions per stream, not 2"):
         ensure_layout(lake, 2)
 
 
 def test_an_unpartitioned_lake_is_not_partitioned_in_place(lake: Lake):
-    Producer(lake, ProducerConfig(rate=5000, count=100, run_id="flat")).run()
+    TimezoneProducer(lake, ProducerConfig(rate=5000, count=100, run_id="flat")).run()
     with pytest.raises(ConfigError, match="has 1 partition per stream, not 2"):
-        Producer(lake, ProducerConfig(rate=5000, count=100, run_id="p2", partitions=2)).run()
+        TimezoneProducer(
+            lake, ProducerConfig(rate=5000, count=100, run_id="p2", partitions=2)
+        ).run()
     assert read_layout(lake).partitions == 1
     assert not lake.exists("timezone1-p0")
 
 
 def test_a_lake_recorded_before_the_sticky_partitioner_keeps_hashing(lake: Lake):
     obstore.put(lake.object_store, LAYOUT_KEY, b'{"partitions": 2, "streams": ["timezone1"]}')
-    assert read_layout(lake) == Layout(2, "hash")
-    report = Producer(
+    assert read_layout(lake) == TimezoneLayout(2, "hash")
+    report = TimezoneProducer(
         lake, ProducerConfig(rate=20_000, count=2000, run_id="old", partitions=2)
     ).run()
     assert report.messages == 2000
-    for table in Layout(2).input_tables:
+    for table in TimezoneLayout(2).input_tables:
         index = _numbers(read_table(lake, table))
-        assert (partition_of("old", index, Layout(2, "hash"), 1) == int(table[-1])).all()
+        assert (partition_of("old", index, TimezoneLayout(2, "hash"), 1) == int(table[-1])).all()
 
 
 def _numbers(frame) -> np.ndarray:
@@ -111,30 +113,30 @@ def test_the_producer_spreads_a_run_over_the_partitions(lake: Lake):
     config = ProducerConfig(
         rate=20_000, count=8000, run_id="spread", partitions=4, commit_interval=0.05
     )
-    report = Producer(lake, config).run()
+    report = TimezoneProducer(lake, config).run()
     assert report.partitions == 4 and sum(report.per_stream.values()) == 8000
-    tables = Layout(4).input_tables
+    tables = TimezoneLayout(4).input_tables
     rows = {t: read_table(lake, t) for t in tables}
     assert sum(r.height for r in rows.values()) == 8000
     for table, frame in rows.items():  # each message is in its window's partition
         index = _numbers(frame)
-        assert (partition_of("spread", index, Layout(4), 1000) == int(table[-1])).all()
+        assert (partition_of("spread", index, TimezoneLayout(4), 1000) == int(table[-1])).all()
     for p in range(4):  # and each partition has two whole windows of the eight
-        index = np.concatenate([_numbers(rows[t]) for t in Layout(4).inputs_of(p)])
+        index = np.concatenate([_numbers(rows[t]) for t in TimezoneLayout(4).inputs_of(p)])
         assert len(index) == 2000 and len(np.unique(index // 1000)) == 2
     # Resuming the same run writes nothing twice, in any partition.
-    again = Producer(lake, config).run()
+    again = TimezoneProducer(lake, config).run()
     assert again.messages == 0
     assert sum(read_table(lake, t).height for t in tables) == 8000
 
 
 def test_a_partitioned_run_resumes_only_with_its_commit_window(lake: Lake):
     config = ProducerConfig(rate=20_000, count=4000, run_id="w", partitions=2)
-    Producer(lake, config).run()
+    TimezoneProducer(lake, config).run()
     faster = ProducerConfig(rate=40_000, count=4000, run_id="w", partitions=2)
     with pytest.raises(ConfigError, match="with 2000 messages per commit window"):
-        Producer(lake, faster).run()
-    assert sum(read_table(lake, t).height for t in Layout(2).input_tables) == 4000
+        TimezoneProducer(lake, faster).run()
+    assert sum(read_table(lake, t).height for t in TimezoneLayout(2).input_tables) == 4000
 
 
 def test_two_etl_processes_split_the_partitions_exactly_once_under_sigkill(
@@ -175,7 +177,9 @@ def test_two_etl_processes_split_the_partitions_exactly_once_under_sigkill(
         deadline = time.monotonic() + 90
         while True:
             rows = sum(
-                read_table(lake, t).height for t in Layout(4).unified_tables if lake.exists(t)
+                read_table(lake, t).height
+                for t in TimezoneLayout(4).unified_tables
+                if lake.exists(t)
             )
             if rows >= 8000 or time.monotonic() > deadline:
                 break
@@ -194,7 +198,9 @@ def test_two_etl_processes_split_the_partitions_exactly_once_under_sigkill(
     # Each unified partition holds exactly the messages of its input partitions.
     for i in range(4):
         unified = set(read_table(lake, f"timezone_unified-p{i}")["message"])
-        inputs = set().union(*(set(read_table(lake, t)["message"]) for t in Layout(4).inputs_of(i)))
+        inputs = set().union(
+            *(set(read_table(lake, t)["message"]) for t in TimezoneLayout(4).inputs_of(i))
+        )
         assert unified == inputs and unified
     # Readers see every partition: the CSV export holds all 8000 rows.
     assert export_results(lake, tmp_path / "out.csv") == 8000
@@ -213,16 +219,16 @@ def test_partitions_that_got_only_the_closing_commit_are_finished_too(
     config = ProducerConfig(
         rate=20_000, count=2000, run_id="short", partitions=4, commit_interval=0.05
     )
-    Producer(lake, config).run()
-    heights = [read_table(lake, t).height for t in Layout(4).input_tables]
+    TimezoneProducer(lake, config).run()
+    heights = [read_table(lake, t).height for t in TimezoneLayout(4).input_tables]
     assert heights.count(0) == 4  # two partitions hold no rows in either stream
     etl = run_cli(["etl", "--mode", "bounded"], lake_env(lake), tmp_path, timeout=180)
     assert etl.returncode == 0, etl.stderr[-3000:]
     assert_exactly_once(lake, expected=2000)
     for i in range(4):
         unified = lake.open(f"timezone_unified-p{i}")
-        positions, _ = recorded_positions(unified, Layout(4).inputs_of(i))
+        positions, _ = recorded_positions(unified, TimezoneLayout(4).inputs_of(i))
         finished = recorded_finished_runs(unified)
-        for table in Layout(4).inputs_of(i):
+        for table in TimezoneLayout(4).inputs_of(i):
             assert positions[table] == lake.open(table).version(), (table, positions)
             assert "short" in finished.get(table, set()), (table, finished)

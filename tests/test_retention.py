@@ -373,18 +373,18 @@ def test_the_time_zone_etl_reads_past_a_retention_commit_without_retractions(
     minio_lake: Lake, tmp_path: Path
 ) -> None:
     from deltabus.apps.timezones.contracts import INPUT_TABLES
-    from deltabus.apps.timezones.producer import Producer, ProducerConfig
+    from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 
     env = lake_env(minio_lake)
     config = dict(rate=2000, count=200, commit_interval=0.05, seed=3)
-    Producer(minio_lake, ProducerConfig(**config, run_id="before")).run()  # type: ignore[arg-type]
+    TimezoneProducer(minio_lake, ProducerConfig(**config, run_id="before")).run()  # type: ignore[arg-type]
     first = run_cli(["--json", "etl", "--mode", "bounded"], env, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     bus = deltabus.Bus(minio_lake)
     for table in INPUT_TABLES:
         bus.alter_stream(table, retention_s=3)
     time.sleep(4)
-    Producer(minio_lake, ProducerConfig(**config, run_id="after")).run()  # type: ignore[arg-type]
+    TimezoneProducer(minio_lake, ProducerConfig(**config, run_id="after")).run()  # type: ignore[arg-type]
     produced = set(read_inputs(minio_lake)["message"])
     assert len(produced) == 400
     removed = 0

@@ -32,7 +32,7 @@ from deltabus.adapters.serving.compare import compare, served, served_position
 from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
 from deltabus.adapters.serving.postgres_target import POSITION_TABLE, PostgresTarget
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_SCHEMA, UNIFIED_TABLE
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.core.errors import ConfigError
 from deltabus.core.net import free_port
 from deltabus.delta.append import TableAppender
@@ -302,7 +302,9 @@ def write_input_rows(lake: Lake, messages: list[str]) -> None:
 def produce_and_transform(lake: Lake, env: dict[str, str], cwd: Path, run: str) -> None:
     """A producer run after the rows written so far, then the ETL (its own process) until
     that run is finished."""
-    Producer(lake, ProducerConfig(rate=2000, count=300, commit_interval=0.05, run_id=run)).run()
+    TimezoneProducer(
+        lake, ProducerConfig(rate=2000, count=300, commit_interval=0.05, run_id=run)
+    ).run()
     etl = run_cli(["etl", "--mode", "bounded", "--until-run", run], env, cwd, timeout=300)
     assert etl.returncode == 0, etl.stderr[-3000:]
 
@@ -442,7 +444,7 @@ def test_postgres_restart_mid_stream_loses_and_duplicates_nothing(
     produced: list[int] = []
     producer = threading.Thread(
         target=lambda: produced.append(
-            Producer(
+            TimezoneProducer(
                 minio_lake,
                 ProducerConfig(rate=1500, count=9000, commit_interval=0.1, run_id="pgrestart"),
             )

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from deltabus.apps.timezones.contracts import TABLE_ZONES
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, run_cli
 from tests.helpers import (
@@ -40,7 +40,7 @@ def assert_timestamps_true(lake: Lake, unified: pl.DataFrame) -> pl.DataFrame:
 
 
 def test_end_to_end_exactly_once_and_csv(lake: Lake, tmp_path: Path) -> None:
-    report = Producer(
+    report = TimezoneProducer(
         lake,
         ProducerConfig(rate=2000, count=3000, commit_interval=0.05, seed=7, run_id="e2e"),
     ).run()
@@ -80,7 +80,7 @@ def test_daylight_saving_changes_both_zones(minio_lake: Lake, tmp_path: Path) ->
         ("ny", "2026-03-08T06:59:59+00:00"),
         ("paris", "2026-03-29T00:59:59+00:00"),
     ):
-        Producer(
+        TimezoneProducer(
             minio_lake,
             ProducerConfig(
                 rate=500,
@@ -111,7 +111,7 @@ def test_etl_started_first_waits_for_the_producer(minio_lake: Lake, tmp_path: Pa
     try:
         wait_for_file(ready, etl)
         assert not minio_lake.exists("timezone1")
-        report = Producer(
+        report = TimezoneProducer(
             minio_lake, ProducerConfig(rate=1000, count=1500, commit_interval=0.1, run_id="late")
         ).run()
         assert report.messages == 1500
@@ -153,7 +153,7 @@ def test_pathway_worker_threads_deliver_every_message_once(
 ) -> None:
     """`deltabus etl --threads 2`: Pathway spreads the transform over two workers; the
     sink still gets every row once, with its true timestamp."""
-    Producer(
+    TimezoneProducer(
         minio_lake,
         ProducerConfig(rate=20000, count=20000, commit_interval=0.05, seed=3, run_id="threads"),
     ).run()

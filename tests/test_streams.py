@@ -548,10 +548,10 @@ def test_a_table_of_the_name_with_other_columns_is_not_declared_over(lake: Lake)
 
 def test_the_time_zone_inputs_are_streams_a_consumer_group_reads(minio_lake: Lake) -> None:
     """The time-zone producer declares its inputs: any consumer group reads them."""
-    from deltabus.apps.timezones.producer import Producer, ProducerConfig
+    from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 
     config = ProducerConfig(rate=20_000, count=3_000, partitions=2, run_id="grp")
-    report = Producer(minio_lake, config).run()
+    report = TimezoneProducer(minio_lake, config).run()
     assert report.messages == 3_000
     bus = bus_of(minio_lake)
     assert bus.streams() == ["timezone1", "timezone2"]
@@ -566,7 +566,7 @@ def test_the_time_zone_inputs_are_streams_a_consumer_group_reads(minio_lake: Lak
                 got.update(batch.rows.column("message").to_pylist())
     assert set(got) == {f"grp-{i}" for i in range(3_000)} and max(got.values()) == 1
     # A second run of the producer declares nothing new.
-    Producer(minio_lake, ProducerConfig(rate=20_000, count=10, partitions=2)).run()
+    TimezoneProducer(minio_lake, ProducerConfig(rate=20_000, count=10, partitions=2)).run()
     assert bus.stream("timezone1").revision == 0
 
 
@@ -601,7 +601,7 @@ def test_a_run_of_the_older_producer_is_not_resumed(lake: Lake) -> None:
     from deltalake import CommitProperties, Transaction, write_deltalake
 
     from deltabus.apps.timezones.contracts import INPUT_SCHEMA
-    from deltabus.apps.timezones.producer import Producer, ProducerConfig
+    from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
     from deltabus.delta.tables import ensure_table
 
     dt = ensure_table(lake, "timezone1", INPUT_SCHEMA)
@@ -609,6 +609,6 @@ def test_a_run_of_the_older_producer_is_not_resumed(lake: Lake) -> None:
     marker = CommitProperties(app_transactions=[Transaction("deltabus-producer:old", 0)])
     write_deltalake(dt, rows, mode="append", commit_properties=marker)
     with pytest.raises(deltabus.ConfigError, match="run old was written to timezone1"):
-        Producer(lake, ProducerConfig(rate=1000, count=100, run_id="old")).run()
+        TimezoneProducer(lake, ProducerConfig(rate=1000, count=100, run_id="old")).run()
     assert lake.open("timezone1").to_pyarrow_table().num_rows == 1
     assert not lake.exists("timezone2")

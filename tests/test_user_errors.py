@@ -29,7 +29,7 @@ from pydantic import SecretStr
 
 from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.apps.timezones.contracts import INPUT_TABLES
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.core import retry
 from deltabus.core.errors import ConfigError, StorageError, user_storage_error
 from deltabus.core.settings import Settings, load_settings
@@ -120,7 +120,7 @@ def fill(disk: Path, leave: int) -> None:
 
 
 def produce_some(lake: Lake, count: int = 2000) -> None:
-    Producer(lake, ProducerConfig(rate=1_000_000, count=count, seed=3)).run()
+    TimezoneProducer(lake, ProducerConfig(rate=1_000_000, count=count, seed=3)).run()
 
 
 READ_ONLY_COMMANDS = [["check"], ["produce", "--count", "100"], ["etl"]]
@@ -153,7 +153,7 @@ def test_read_only_error_from_delta_rs_is_recognised(lake_disk: Path) -> None:
     make_read_only(lake_disk)
     started = time.monotonic()
     with pytest.raises(Exception) as caught:  # noqa: PT011 - the raw error is what is tested
-        Producer(lake, ProducerConfig(rate=1_000_000, count=500, run_id="late")).run()
+        TimezoneProducer(lake, ProducerConfig(rate=1_000_000, count=500, run_id="late")).run()
     assert time.monotonic() - started < 30, "a read-only disk must not be retried"
     assert not retry.is_transient(caught.value)
     error = user_storage_error(caught.value, lake.settings.describe())
@@ -321,7 +321,7 @@ def test_access_denied_from_delta_rs_is_recognised(minio: MinioServer, minio_lak
     )
     started = time.monotonic()
     with pytest.raises(Exception) as caught:  # noqa: PT011 - the raw error is what is tested
-        Producer(lake, ProducerConfig(rate=1_000_000, count=100, run_id="ro")).run()
+        TimezoneProducer(lake, ProducerConfig(rate=1_000_000, count=100, run_id="ro")).run()
     assert time.monotonic() - started < 30
     error = user_storage_error(caught.value)
     assert isinstance(error, StorageError) and "denied access" in str(error), repr(caught.value)

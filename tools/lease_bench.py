@@ -31,7 +31,7 @@ import psutil
 
 from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.adapters.etl_lease import GROUP
-from deltabus.apps.timezones.layout import Layout, ensure_layout
+from deltabus.apps.timezones.layout import TimezoneLayout, ensure_layout
 from deltabus.bus.fence import current_epoch, epoch_owner
 from deltabus.bus.groups import Group, now_ms
 from deltabus.core.processes import child_env
@@ -39,7 +39,7 @@ from deltabus.core.settings import Settings
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import iter_commits, meta
 
-FOUR = Layout(4)
+FOUR = TimezoneLayout(4)
 
 
 def replica(env: dict, work: Path, name: str, children: str, spare: bool, ttl: float) -> dict:

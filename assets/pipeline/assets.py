@@ -41,8 +41,8 @@ from deltabus.apps.timezones.contracts import (
     UNIFIED_TABLE,
 )
 from deltabus.apps.timezones.layout import read_layout
-from deltabus.apps.timezones.producer import Producer, ProducerReport
 from deltabus.apps.timezones.producer import ProducerConfig as EngineProducerConfig
+from deltabus.apps.timezones.producer import ProducerReport, TimezoneProducer
 from deltabus.apps.timezones.results import export_results
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.core.paths import REPO_ROOT
@@ -245,7 +245,7 @@ def _produce(context: AssetExecutionContext, lk: Lake, cfg: EngineProducerConfig
         f"producing {cfg.total} messages at {cfg.rate:g} msg/s to {lk.settings.describe()} "
         f"(run {cfg.run_id})"
     )
-    report = Producer(lk, cfg).run(
+    report = TimezoneProducer(lk, cfg).run(
         on_progress=lambda p: context.log.info(
             f"produced {p['messages']}/{p['total']} messages, {p['lag_s']}s behind schedule"
         )

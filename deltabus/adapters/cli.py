@@ -216,7 +216,7 @@ def produce(
         produce_stream(stream, producer_id, commit_interval_ms, sys.stdin)
         return
     with needs_extra("pathway", "deltabus produce without --stream (the time-zone producer)"):
-        from deltabus.apps.timezones.producer import Producer, ProducerConfig
+        from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 
     if duration is None and count is None:
         duration = 10.0
@@ -239,7 +239,7 @@ def produce(
         lk.settings.describe(),
         config.run_id,
     )
-    report = Producer(lk, config).run(
+    report = TimezoneProducer(lk, config).run(
         on_progress=lambda p: log.info(
             "produced %d/%d messages, %.3fs behind schedule", p["messages"], p["total"], p["lag_s"]
         )

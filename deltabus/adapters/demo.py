@@ -9,7 +9,7 @@ from pathlib import Path
 
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.duck import lake_connection
-from deltabus.apps.timezones.producer import Producer, ProducerConfig
+from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.apps.timezones.results import export_results
 from deltabus.core.errors import DeltabusError
 from deltabus.core.processes import ChildProcess, child_env, etl_command
@@ -35,7 +35,7 @@ def run_demo(lake: Lake, *, rate: float, duration: float, out: Path) -> dict:
     ).start()
     try:
         etl.wait_file(ready, timeout=120)
-        report = Producer(run_lake, ProducerConfig(rate=rate, duration=duration)).run(
+        report = TimezoneProducer(run_lake, ProducerConfig(rate=rate, duration=duration)).run(
             on_progress=lambda p: log.info("produced %d/%d", p["messages"], p["total"])
         )
         etl.wait(timeout=max(120, duration * 5))

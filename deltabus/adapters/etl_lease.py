@@ -52,7 +52,7 @@ from deltabus.adapters.lease_children import (
 )
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.etl.config import EtlConfig
-from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
+from deltabus.apps.timezones.layout import TimezoneLayout, ensure_layout, read_layout
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Membership
 from deltabus.core import health, metrics
 from deltabus.core.errors import ConfigError, DeltabusError
@@ -179,7 +179,7 @@ class EtlSupervisor:
     def __init__(
         self,
         lake: Lake,
-        layout: Layout,
+        layout: TimezoneLayout,
         child_args: list[str],
         config: LeaseConfig,
         *,

@@ -48,7 +48,7 @@ MAX_CHUNK = 65_536
 
 
 @dataclass(frozen=True)
-class Layout:
+class TimezoneLayout:
     """How many partitions the lake's streams have, and the tables that follow from it."""
 
     partitions: int = 1
@@ -99,10 +99,10 @@ class Layout:
         return [i for i in range(self.partitions) if i % processes == process]
 
 
-SINGLE = Layout(1)  # the original layout: one table per stream
+SINGLE = TimezoneLayout(1)  # the original layout: one table per stream
 
 
-def partition_of(run_id: str, index: np.ndarray, layout: Layout, window: int) -> np.ndarray:
+def partition_of(run_id: str, index: np.ndarray, layout: TimezoneLayout, window: int) -> np.ndarray:
     """Partition of messages `<run_id>-<index>` (module docstring): a function of the run,
     the message number and the run's commit window (messages per commit), nothing else, so
     a resumed run puts every message where it went before."""
@@ -136,7 +136,7 @@ def _fnv1a(data: bytes) -> int:
     return h
 
 
-def declare_inputs(lake: Lake, layout: Layout) -> None:
+def declare_inputs(lake: Lake, layout: TimezoneLayout) -> None:
     """Declare the input streams with the layout's partition count (idempotent), so that
     consumer groups, `deltabus streams` and Dagster's `declared_streams` see them.
 
@@ -148,13 +148,15 @@ def declare_inputs(lake: Lake, layout: Layout) -> None:
         bus.create_stream(stream, INPUT_SCHEMA, partitions=layout.partitions)
 
 
-def read_layout(lake: Lake) -> Layout:
+def read_layout(lake: Lake) -> TimezoneLayout:
     """The lake's layout: its record, else one partition (the original layout)."""
     raw = retry_storage(lambda: _get(lake), what="read the lake layout")
-    return Layout(1) if raw is None else _parse(lake, raw)
+    return TimezoneLayout(1) if raw is None else _parse(lake, raw)
 
 
-def ensure_layout(lake: Lake, partitions: int | None, partitioner: str = "sticky") -> Layout:
+def ensure_layout(
+    lake: Lake, partitions: int | None, partitioner: str = "sticky"
+) -> TimezoneLayout:
     """The layout a producer writes with: the lake's own when `partitions` is None;
     recorded with `partitioner` when the lake is new and P > 1; refused when the lake
     has another P. A lake that exists keeps the partitioner it recorded."""
@@ -164,7 +166,7 @@ def ensure_layout(lake: Lake, partitions: int | None, partitioner: str = "sticky
         if partitions is not None and current.partitions != partitions:
             raise _refused(lake, current.partitions, partitions)
         return current
-    wanted = Layout(partitions or 1, partitioner)
+    wanted = TimezoneLayout(partitions or 1, partitioner)
     if wanted.partitions == 1:
         return wanted
     if any(lake.exists(t) for t in (*INPUT_TABLES, UNIFIED_TABLE)):
@@ -192,11 +194,11 @@ def ensure_layout(lake: Lake, partitions: int | None, partitioner: str = "sticky
     return current
 
 
-def _parse(lake: Lake, raw: bytes) -> Layout:
+def _parse(lake: Lake, raw: bytes) -> TimezoneLayout:
     try:
         record = json.loads(raw)
         # Lakes recorded before the sticky partitioner have no field: they hash.
-        return Layout(int(record["partitions"]), record.get("partitioner", "hash"))
+        return TimezoneLayout(int(record["partitions"]), record.get("partitioner", "hash"))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(
             f"{lake.root}/{LAYOUT_KEY} is not a deltabus layout record ({exc})",
@@ -218,3 +220,6 @@ def _get(lake: Lake) -> bytes | None:
         return bytes(obstore.get(lake.object_store, LAYOUT_KEY).bytes())
     except FileNotFoundError:
         return None
+
+
+Layout = TimezoneLayout  # the name deltabus.adapters.bench and some tests import

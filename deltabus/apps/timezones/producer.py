@@ -39,7 +39,7 @@ from deltabus.apps.timezones.contracts import (
 )
 from deltabus.apps.timezones.layout import (
     SINGLE,
-    Layout,
+    TimezoneLayout,
     declare_inputs,
     ensure_layout,
     partition_of,
@@ -126,7 +126,7 @@ class ProducerReport:
     @property
     def per_stream(self) -> dict[str, int]:
         """Messages written per logical stream (summed over its partitions)."""
-        layout = Layout(self.partitions)
+        layout = TimezoneLayout(self.partitions)
         return {s: sum(self.per_table.get(t, 0) for t in layout.inputs(s)) for s in INPUT_TABLES}
 
     def as_dict(self) -> dict:
@@ -158,7 +158,7 @@ def build_batches(
     lo: int,
     hi: int,
     skip_below: dict[str, int] | None = None,
-    layout: Layout = SINGLE,
+    layout: TimezoneLayout = SINGLE,
     window: int = 1,
 ) -> dict[str, StreamBatch]:
     """Messages [lo, hi) as one Arrow table per input stream (vectorised, no row loop):
@@ -232,13 +232,13 @@ class _Progress:
         return done
 
 
-class Producer:
+class TimezoneProducer:
     """Writes the input streams (every partition) for one run id."""
 
     def __init__(self, lake: Lake, config: ProducerConfig) -> None:
         self.lake = lake
         self.config = config
-        self.layout = Layout(config.partitions or 1)  # the lake's, once `run` reads it
+        self.layout = TimezoneLayout(config.partitions or 1)  # the lake's, once `run` reads it
         self.producers: dict[str, deltabus.Producer] = {}
         self.pools: dict[str, ThreadPoolExecutor] = {}
         self._failed = threading.Event()
@@ -450,3 +450,6 @@ class Producer:
             resumed_from=resumed_from,
             partitions=self.layout.partitions,
         )
+
+
+Producer = TimezoneProducer  # the name deltabus.adapters.bench imports

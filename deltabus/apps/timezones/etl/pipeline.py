@@ -26,7 +26,7 @@ from deltabus.apps.timezones.etl.rejects import RejectsWriter
 from deltabus.apps.timezones.etl.sink import DeltaSinkObserver, open_unified
 from deltabus.apps.timezones.etl.source import BatchSchema, DeltaTailSubject
 from deltabus.apps.timezones.etl.ticker import CommitTicker, TickGroup
-from deltabus.apps.timezones.layout import Layout, ensure_layout, read_layout
+from deltabus.apps.timezones.layout import TimezoneLayout, ensure_layout, read_layout
 from deltabus.core import health
 from deltabus.core.errors import ConfigError
 from deltabus.core.gctune import tune_gc_for_streaming
@@ -95,7 +95,7 @@ class _Flow:
 def _partition_flow(
     lake: Lake,
     config: EtlConfig,
-    layout: Layout,
+    layout: TimezoneLayout,
     partition: int,
     mode: str,
     stop: threading.Event,
