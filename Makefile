@@ -70,8 +70,9 @@ opensearch: venv opensearch-jars  ## start a local OpenSearch node on loopback f
 opensearch-down:  ## stop the local OpenSearch node
 	$(PY) -m deltabus opensearch down
 
-kafka-jars:  ## fetch Apache Kafka's jars with Maven (cached in ~/.cache/deltabus)
+kafka-jars:  ## fetch Apache Kafka's and Kafka Streams' jars with Maven, compile the Kafka Streams ETL (cached in ~/.cache/deltabus)
 	bash platform/kafka.sh fetch
+	bash platform/kafka-streams.sh build
 
 test: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run the test suite (starts its own MinIO)
 	$(PY) -m pytest -q -m "not multihost and not spark" --durations=20

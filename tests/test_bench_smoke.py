@@ -21,7 +21,12 @@ import duckdb
 import pytest
 
 from deltabus.adapters.bench.analysis import SAMPLES_TABLE, recovery
-from deltabus.adapters.bench.config import parse_profile, parse_rates
+from deltabus.adapters.bench.config import (
+    BenchConfig,
+    parse_backbones,
+    parse_profile,
+    parse_rates,
+)
 from deltabus.adapters.bench.kafka_broker import kafka_script
 from deltabus.adapters.bench.report import RUN_KEYS
 from deltabus.adapters.dev.minio_process import MinioServer
@@ -258,6 +263,46 @@ def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
     result = run_cli(args, lake_env(lake), tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     check_report(out, ("kafka",), 2000, 6000)
+
+
+def kafka_streams_ready() -> bool:
+    return kafka_ready() and all(shutil.which(t) is not None for t in ("javac", "mvn"))
+
+
+def test_bench_smoke_kafka_streams(minio: MinioServer, tmp_path: Path) -> None:
+    """`--etl kafka-streams`: the Kafka Streams topology (exactly_once_v2) between the
+    topics: every message seen once, each timestamp parsed to the value it was sent at."""
+    if not kafka_streams_ready():
+        why = "Kafka Streams needs Java 17 (javac), Maven and `make kafka-jars`"
+        if IN_CI:
+            pytest.fail(f"the Kafka Streams benchmark test must run here: {why}")
+        pytest.skip(why)
+    lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
+    out = tmp_path / "out"
+    args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--backbone"]
+    args += ["kafka", "--etl", "kafka-streams", "--out", str(out), "--no-local-minio"]
+    args += ["--grace", "15"]
+    result = run_cli(args, lake_env(lake), tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = check_report(out, ("kafka",), 2000, 6000)
+    assert [r["etl"] for r in report["runs"]] == ["kafka-streams"]
+    detail = json.loads((out / "runs" / "kafka-2000.json").read_text())
+    assert detail["errors"] == [] and detail["lost"] == 0, detail["errors"]
+    checks = detail["checks"]
+    assert checks["produced_rows"] == 2000 * 4, checks
+    for key in ("duplicate_rows_seen", "seen_but_not_produced", "parsed_timestamp_mismatches"):
+        assert checks[key] == 0, checks
+
+
+def test_etl_kafka_streams_only_on_the_kafka_backbone(tmp_path: Path) -> None:
+    base = {"rates": (1000,), "duration": 5.0, "warmup": 1.0, "profile": "100ms"}
+    base |= {"out": tmp_path, "etl": "kafka-streams"}
+    assert BenchConfig(backbones=("kafka",), **base).etl == "kafka-streams"
+    for backbone in ("delta", "both"):
+        with pytest.raises(ConfigError, match="--etl kafka-streams runs the Kafka benchmark"):
+            BenchConfig(backbones=parse_backbones(backbone), **base)
+    with pytest.raises(ConfigError, match="--partitions > 1"):
+        BenchConfig(backbones=("kafka",), partitions=2, **base)
 
 
 def test_layouts_alternate_and_compare_within_rounds(minio: MinioServer, tmp_path: Path) -> None:

@@ -211,6 +211,10 @@ def _refuse_unsupported(config: BenchConfig, layouts: str | None) -> None:
         from deltabus.adapters.bench.spark_etl import require
 
         require()  # pyspark, Java and the jars of `make spark`, before any run
+    if config.etl == "kafka-streams":
+        from deltabus.adapters.bench import kafka_streams_etl
+
+        kafka_streams_etl.require()  # fetched and compiled (cached), before any run
     if config.partitioner != "sticky" and config.partitions == 1 and layouts is None:
         raise ConfigError(
             "--partitioner places messages among partitions: it needs --partitions > 1"

@@ -12,7 +12,9 @@ from deltabus.core.errors import ConfigError
 from deltabus.core.intervals import parse_duration
 
 BACKBONES = ("delta", "kafka")
-ETLS = ("pathway", "spark")  # deltabus' ETL process; Spark Structured Streaming (spark_etl)
+# deltabus' ETL process; Spark Structured Streaming (spark_etl); a Kafka Streams topology
+# (platform/kafka-streams-etl, on the Kafka backbone only).
+ETLS = ("pathway", "spark", "kafka-streams")
 # --serve: the serving sinks (deltabus.adapters.bench.serving) and the stores they serve into.
 SERVE_SYSTEMS = {"postgres": "PostgreSQL", "opensearch": "OpenSearch"}
 SERVE_BACKENDS = tuple(SERVE_SYSTEMS)
@@ -167,9 +169,12 @@ class BenchConfig:
         self._check_etl()
 
     def _check_etl(self) -> None:
-        """The ETL is one of ETLS; Spark runs only the plain Delta run (one partition)."""
+        """The ETL is one of ETLS; Spark runs only the plain Delta run (one partition),
+        Kafka Streams only the plain Kafka run."""
         if self.etl not in ETLS:
             raise ConfigError(f"--etl {self.etl!r} is not one of {', '.join(ETLS)}")
+        if self.etl == "kafka-streams":
+            self._check_kafka_streams()
         if self.etl != "spark":
             return
         others = [
@@ -189,6 +194,27 @@ class BenchConfig:
                 f"--etl spark runs the Delta benchmark on the unpartitioned layout only; "
                 f"{', '.join(others)} is not supported with it",
                 "drop those options, or use --etl pathway",
+            )
+
+    def _check_kafka_streams(self) -> None:
+        others = [
+            name
+            for name, on in (
+                ("--backbone delta/both", self.backbones != ("kafka",)),
+                ("--partitions > 1", self.partitions > 1),
+                ("--backlog-drain", self.backlog_drain > 0),
+                ("--soak", self.soak),
+                ("--soak-minutes", self.windowed),
+                ("--idle-s", self.idle_s > 0),
+                ("--serve", self.serve is not None),
+            )
+            if on
+        ]
+        if others:
+            raise ConfigError(
+                f"--etl kafka-streams runs the Kafka benchmark (--backbone kafka) only; "
+                f"{', '.join(others)} is not supported with it",
+                "use --backbone kafka without those options, or --etl pathway",
             )
 
     def _check_serve(self) -> None:

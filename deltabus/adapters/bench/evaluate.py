@@ -170,8 +170,9 @@ def _run_summary(
     return RunSummary(
         rate=state.rate,
         backbone=state.backbone,
-        # The Kafka backbone's ETL is Pathway's (deltabus.adapters.bench.kafka_etl).
-        etl=cfg.etl if state.backbone == "delta" else "pathway",
+        # The Kafka backbone's ETL is Pathway's (deltabus.adapters.bench.kafka_etl) unless
+        # it is the Kafka Streams topology (deltabus.adapters.bench.kafka_streams_etl).
+        etl=cfg.etl if state.backbone == "delta" or cfg.etl == "kafka-streams" else "pathway",
         samples=result["samples"],
         messages=messages,
         lost=lost,

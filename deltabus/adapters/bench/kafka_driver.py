@@ -1,5 +1,6 @@
-"""The Kafka backbone: a real broker, Pathway's Kafka ETL as its own process and a
-consumer of the output topic, on the same workload as the Delta backbone."""
+"""The Kafka backbone: a real broker, the Kafka ETL as its own process (Pathway's,
+kafka_etl, or with --etl kafka-streams the Kafka Streams topology, kafka_streams_etl) and
+a consumer of the output topic, on the same workload as the Delta backbone."""
 
 from __future__ import annotations
 
@@ -63,18 +64,26 @@ class KafkaDriver:
         ready = work / f"{self.tag}.etl-ready"
         ready.unlink(missing_ok=True)
         group = f"kafka-etl-{uuid.uuid4().hex[:6]}"
-        command = [sys.executable, "-m", "deltabus.adapters.bench.kafka_etl"]
-        command += ["--bootstrap", broker.bootstrap, "--group", group]
-        command += ["--ready-file", str(ready)]
+        if cfg.etl == "kafka-streams":
+            from deltabus.adapters.bench import kafka_streams_etl
+
+            commit_ms = max(1, round(cfg.commit_interval * 1000))
+            command = kafka_streams_etl.command(broker.bootstrap, group, commit_ms, ready)
+            groups = [group]  # one application.id for both input topics
+        else:
+            command = [sys.executable, "-m", "deltabus.adapters.bench.kafka_etl"]
+            command += ["--bootstrap", broker.bootstrap, "--group", group]
+            command += ["--ready-file", str(ready)]
+            groups = [f"{group}-{topic}" for topic in INPUT_TOPICS]
         self.etl = ChildProcess(f"{self.tag}-etl", command, self.env, work).start()
         cpu.watch("etl", self.etl.pid)
         state.specs = self.bench.specs("kafka", state.rate, broker.bootstrap)
         self.handles = [ProducerHandle(s, cfg.producer_mode, self.env, work) for s in state.specs]
         t1 = time.monotonic()
         self.etl.wait_file(ready)
-        for topic in INPUT_TOPICS:
-            if not broker.wait_group_stable(f"{group}-{topic}"):
-                state.notes.append(f"the Kafka ETL was not seen consuming {topic} in 30 s")
+        for name in groups:
+            if not broker.wait_group_stable(name):
+                state.notes.append(f"the Kafka ETL's group {name} was not seen consuming in 30 s")
         state.timings["etl_ready_s"] = round(time.monotonic() - t1, 2)
         for h in self.handles:
             h.wait_ready()

@@ -272,11 +272,16 @@ ServeReplay = Annotated[
 Etl = Annotated[
     str,
     typer.Option(
-        help="The ETL between the tables: pathway (deltabus' ETL process) or spark (the "
+        help="The ETL between the tables: pathway (deltabus' ETL process), spark (the "
         "same transform as a Spark Structured Streaming job: Delta streaming source and "
-        "sink, trigger processingTime = --profile; its JVM is the 'etl' CPU). Spark needs "
-        "`make spark` once; it runs the Delta backbone on one partition only (no "
-        "--partitions, --layouts, --backlog-drain, --soak, --soak-minutes, --idle-s)."
+        "sink, trigger processingTime = --profile; its JVM is the 'etl' CPU) or "
+        "kafka-streams (the same transform as a Kafka Streams topology on the Kafka "
+        "backbone: exactly_once_v2, commit.interval.ms = --profile; its JVM is the 'etl' "
+        "CPU). Spark needs `make spark` once; it runs the Delta backbone on one partition "
+        "only (no --partitions, --layouts, --backlog-drain, --soak, --soak-minutes, "
+        "--idle-s). Kafka Streams needs `make kafka-jars` once; it runs with --backbone "
+        "kafka only (no --partitions, --backlog-drain, --soak, --soak-minutes, --idle-s, "
+        "--serve)."
     ),
 ]
 
