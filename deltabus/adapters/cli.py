@@ -661,11 +661,12 @@ def notify_relay(
     # Set explicitly, and before the line that says the relay runs: a process started
     # with SIGTERM ignored would otherwise never stop.
     signal.signal(signal.SIGTERM, interrupt)
-    print(
-        f"relay on {relay.url}: MinIO posts to {relay.url}/minio, tails read {relay.url}/events",
-        flush=True,
-    )
-    try:
+    try:  # a SIGTERM right after the line is printed stops the relay cleanly too
+        print(
+            f"relay on {relay.url}: MinIO posts to {relay.url}/minio, "
+            f"tails read {relay.url}/events",
+            flush=True,
+        )
         relay.serve_forever()
     except KeyboardInterrupt:
         pass
