@@ -815,8 +815,14 @@ class Workload:
                 0.2,
             )
             cut.observed_s = time.time() - cut.cut_at
-            took = [survivor.said(rf"took {table}\b", cut.cut_at) for table in cut.moved]
-            assert all(took), f"the survivor logged no take: {survivor.tail()}"
+
+            def taken() -> list | None:
+                """The survivor's take of every moved partition, once it logged them all
+                (its leases show in the lake before it has read each table)."""
+                found = [survivor.said(rf"took {table}\b", cut.cut_at) for table in cut.moved]
+                return found if all(found) else None
+
+            took = wait_until(f"host {survivor_id} taking {', '.join(cut.moved)}", taken, 120)
             cut.takeover_s = max(found[0][0] for found in took) - cut.cut_at
             time.sleep(max(0.0, cut.cut_at + CUT_HOLD_S - time.time()))
         finally:
