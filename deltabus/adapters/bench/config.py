@@ -94,6 +94,7 @@ class BenchConfig:
     notify: bool = False  # tails woken by MinIO's pushed commit events (a relay), not polls
     serve: str | None = None  # one of SERVE_BACKENDS: the serving sink as a stage
     serve_refresh_ms: int | None = None  # --serve opensearch: the index's refresh interval
+    serve_in_flight: int | None = None  # --serve opensearch: batches in flight in the sink
     serve_replay: bool = False  # --serve: after the run, the sink alone loads the whole table
     store: str = "loopback"  # store profile: latency in front of MinIO (bench.store_profiles)
     etl: str = "pathway"  # the ETL between the tables: one of ETLS
@@ -222,6 +223,11 @@ class BenchConfig:
             raise ConfigError(f"--serve {self.serve!r} is not one of {', '.join(SERVE_BACKENDS)}")
         if self.serve_replay and self.serve is None:
             raise ConfigError("--serve-replay measures the sink of --serve postgres|opensearch")
+        if self.serve_in_flight is not None:
+            if self.serve != "opensearch":
+                raise ConfigError("--serve-in-flight sets the sink of --serve opensearch")
+            if not 1 <= self.serve_in_flight <= 32:
+                raise ConfigError(f"--serve-in-flight must be 1..32, got {self.serve_in_flight}")
         if self.serve_refresh_ms is None:
             return
         if self.serve != "opensearch":

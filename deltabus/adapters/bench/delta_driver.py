@@ -121,6 +121,7 @@ class DeltaDriver:
                 self.tag,
                 poll_s,
                 cfg.serve_refresh_ms,
+                cfg.serve_in_flight,
             )
         self.handles = [
             ProducerHandle(s, cfg.producer_mode, self.env, self.bench.work, lake)
@@ -190,6 +191,7 @@ class DeltaDriver:
             state.errors.extend(self.serving.errors)
             state.served, state.serving_report = self.serving.served(), self.serving.report
             state.serving_replay = self.serving.replay_report
+            state.serving_raw = self.serving.raw_capacity
         if self.consumer is not None and self.consumer.error is not None:
             state.errors.append(f"consumer failed: {self.consumer.error}")
 
@@ -315,14 +317,16 @@ def serving_run(
     tag: str,
     poll_s: float,
     refresh_interval_ms: int | None = None,
+    in_flight: int | None = None,
 ) -> ServingRun:
     """The serving stage of one run for `backend` (one of SYSTEMS); the refresh
-    interval applies to OpenSearch only (None: the sink's default)."""
+    interval and the batches in flight apply to OpenSearch only (None: the sink's
+    default)."""
     from deltabus.adapters.bench.serving_opensearch import OpenSearchServingRun
     from deltabus.adapters.bench.serving_postgres import PostgresServingRun
 
     if backend == "opensearch":
-        return OpenSearchServingRun(settings, work, tag, poll_s, refresh_interval_ms)
+        return OpenSearchServingRun(settings, work, tag, poll_s, refresh_interval_ms, in_flight)
     if backend != "postgres":
         raise ValueError(f"no serving backend {backend!r}")
     return PostgresServingRun(settings, work, tag, poll_s)

@@ -70,6 +70,7 @@ class RunState:
     served: pa.Table | None = None  # --serve: when each message became visible in the store
     serving_report: dict | None = None  # --serve: the sink's own report
     serving_replay: dict | None = None  # --serve-replay: the sink alone loading the table
+    serving_raw: dict | None = None  # --serve opensearch: plain _bulk requests, no sink
 
 
 NO_INPUT_COMMIT = (
@@ -352,15 +353,21 @@ def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[
         ),
         backend=cfg.serve,
     )
-    refresh_ms = None
-    if cfg.serve == "opensearch":  # what shapes the stage: the index's refresh interval
-        from deltabus.adapters.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
+    refresh_ms = in_flight = None
+    if cfg.serve == "opensearch":  # what shapes the stage: refresh interval, pipelining
+        from deltabus.adapters.serving.opensearch_target import (
+            DEFAULT_IN_FLIGHT,
+            DEFAULT_REFRESH_INTERVAL_MS,
+        )
 
         refresh_ms = cfg.serve_refresh_ms or DEFAULT_REFRESH_INTERVAL_MS
+        in_flight = cfg.serve_in_flight or DEFAULT_IN_FLIGHT
     replay = state.serving_replay
     out = out.model_copy(
         update={
             "refresh_interval_ms": refresh_ms,
+            "in_flight": in_flight,
+            "raw_capacity": state.serving_raw,
             "cpu_pct_of_one_core": {
                 k: state.cpu[k] for k in (SINK_CPU, SERVER_CPU[cfg.serve]) if k in state.cpu
             },

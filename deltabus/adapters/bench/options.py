@@ -250,6 +250,13 @@ Serve = Annotated[
     ),
 ]
 
+ServeInFlight = Annotated[
+    int | None,
+    typer.Option(
+        help="With --serve opensearch: batches the sink keeps in flight at once (1..32; "
+        "default: the sink's, 4). 1 sends each batch after the last one became searchable."
+    ),
+]
 ServeRefreshMs = Annotated[
     int | None,
     typer.Option(

@@ -126,8 +126,9 @@ class Serving(Record):
     → served (`end_to_end`), the sink's verdict, messages never served, and the sink's and
     server's CPU. The two stages are stored under `unified_commit_to_<backend>` and
     `sent_to_<backend>`; a run recorded before OpenSearch existed served PostgreSQL.
-    `refresh_interval_ms` (OpenSearch) and `replay` (`--serve-replay`) are written when
-    set."""
+    `refresh_interval_ms`, `in_flight` and `raw_capacity` (OpenSearch: plain `_bulk`
+    requests into a scratch index before the run) and `replay` (`--serve-replay`) are
+    written when set."""
 
     backend: str = "postgres"
     samples: int = 0
@@ -137,6 +138,8 @@ class Serving(Record):
     verdict: str = ""
     behind: Verdict = Verdict()
     refresh_interval_ms: int | None = Field(None, exclude_if=is_none)
+    in_flight: int | None = Field(None, exclude_if=is_none)
+    raw_capacity: Json | None = Field(None, exclude_if=is_none)
     cpu_pct_of_one_core: dict[str, Num] = {}
     sink_report: Json | None = None
     replay: ServingReplay | None = Field(None, exclude_if=is_none)

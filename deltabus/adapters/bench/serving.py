@@ -122,6 +122,7 @@ class ServingRun:
         self.reader: ServedReader | None = None
         self.report: dict | None = None
         self.replay_report: dict | None = None
+        self.raw_capacity: dict | None = None  # the store's own write rate, measured at start
         self.errors: list[str] = []
         self._command_prefix = ""
         self._env: dict[str, str] = {}

@@ -31,6 +31,7 @@ from typing import Any
 from deltabus.adapters.bench.serving import SERVER_CPU, ServedReader, ServingRun
 from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving.opensearch_target import (
+    DEFAULT_IN_FLIGHT,
     DEFAULT_REFRESH_INTERVAL_MS,
     INDEX_MAPPING,
     ONE_SHARD,
@@ -44,6 +45,9 @@ WARMUP_INDEX = "deltabus_bench_warmup"
 WARMUP_DOCS = 20_000
 WARMUP_BULK = 2_000
 WARMUP_MAX_S = 30.0
+RAW_INDEX = "deltabus_bench_raw"
+RAW_S = 10.0
+RAW_BULK = 1_000
 
 
 def _search_body(above: int, upto: int) -> dict[str, Any]:
@@ -85,6 +89,60 @@ def warm_up(url: str, refresh_interval_ms: int) -> int:
     finally:
         client.indices.delete(index=WARMUP_INDEX, ignore_unavailable=True)
         client.close()
+
+
+def raw_capacity(
+    url: str,
+    refresh_interval_ms: int,
+    seconds: float = RAW_S,
+    in_flight: int = DEFAULT_IN_FLIGHT,
+    docs: int = RAW_BULK,
+) -> dict[str, Any]:
+    """The node's own indexing rate for served documents: `in_flight` threads of one
+    plain client send `_bulk` requests of `docs` external-version `index` operations
+    (the sink's shape, no refresh wait) into a scratch index for `seconds`, which is
+    deleted afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = osc.client(url)
+    settings = ONE_SHARD | {"refresh_interval": f"{refresh_interval_ms}ms"}
+    client.indices.create(
+        index=RAW_INDEX, body={"settings": {"index": settings}, "mappings": INDEX_MAPPING}
+    )
+    counter = iter(range(1, 1 << 62))
+    deadline = time.monotonic() + seconds
+
+    def sender() -> int:
+        sent = 0
+        while time.monotonic() < deadline:
+            version = next(counter)
+            lines = []
+            for i in range(docs):
+                message = f"raw-{version}-{i}"
+                meta = {"_id": message, "version": version, "version_type": "external"}
+                doc = {"message": message, "timestamp": i / 1000, "time": i, "version": version}
+                lines += [json.dumps({"index": meta}), json.dumps(doc)]
+            answer = client.bulk(body="\n".join(lines) + "\n", index=RAW_INDEX)
+            if answer.get("errors"):
+                raise RuntimeError("raw _bulk: some operations failed")
+            sent += docs
+        return sent
+
+    started = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            total = sum(pool.map(lambda _: sender(), range(in_flight)))
+        elapsed = time.monotonic() - started
+    finally:
+        client.indices.delete(index=RAW_INDEX, ignore_unavailable=True)
+        client.close()
+    return {
+        "docs": total,
+        "seconds": round(elapsed, 3),
+        "docs_per_s": round(total / elapsed, 1),
+        "in_flight": in_flight,
+        "docs_per_request": docs,
+    }
 
 
 class OpenSearchReader(ServedReader):
@@ -153,9 +211,11 @@ class OpenSearchServingRun(ServingRun):
         tag: str,
         poll_s: float,
         refresh_interval_ms: int | None = None,
+        in_flight: int | None = None,
     ) -> None:
         super().__init__(settings, work, tag, poll_s)
         self.refresh_interval_ms = refresh_interval_ms or DEFAULT_REFRESH_INTERVAL_MS
+        self.in_flight = in_flight or DEFAULT_IN_FLIGHT
         self.node: Any = None
         if settings.opensearch_url is not None:
             self.url = settings.opensearch_url.get_secret_value()
@@ -173,6 +233,12 @@ class OpenSearchServingRun(ServingRun):
         started = time.monotonic()
         docs = warm_up(self.url, self.refresh_interval_ms)
         log.info("OpenSearch warmed up: %d documents in %.1f s", docs, time.monotonic() - started)
+        self.raw_capacity = raw_capacity(self.url, self.refresh_interval_ms)
+        log.info(
+            "OpenSearch alone: %.0f documents/s in plain _bulk requests (%d in flight)",
+            self.raw_capacity["docs_per_s"],
+            self.raw_capacity["in_flight"],
+        )
         cpu.watch(SERVER_CPU["opensearch"], self.node.process.pid, tree=True)
 
     @property
@@ -180,7 +246,14 @@ class OpenSearchServingRun(ServingRun):
         return self.index
 
     def _sink_options(self, target: str) -> list[str]:
-        return ["--index", target, "--refresh-interval-ms", str(self.refresh_interval_ms)]
+        return [
+            "--index",
+            target,
+            "--refresh-interval-ms",
+            str(self.refresh_interval_ms),
+            "--in-flight",
+            str(self.in_flight),
+        ]
 
     def _server_pid(self) -> int | None:
         return self.node.process.pid if self.node is not None else None

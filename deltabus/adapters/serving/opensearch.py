@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving.opensearch_target import (
+    DEFAULT_IN_FLIGHT,
     DEFAULT_REFRESH_INTERVAL_MS,
     OpenSearchTarget,
 )
@@ -60,12 +61,14 @@ class OpenSearchSink(SinkLoop):
         config: ServeConfig,
         stop: threading.Event | None = None,
         refresh_interval_ms: int = DEFAULT_REFRESH_INTERVAL_MS,
+        in_flight: int = DEFAULT_IN_FLIGHT,
     ) -> None:
         target = OpenSearchTarget(
             url,
             config.table,
             source=lake.uri(UNIFIED_TABLE),
             refresh_interval_ms=refresh_interval_ms,
+            in_flight=in_flight,
         )
         super().__init__(lake, target, config, stop)
         self.report = IndexReport(

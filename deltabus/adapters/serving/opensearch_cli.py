@@ -105,6 +105,14 @@ def serve_opensearch(
             "so this bounds its wait; shorter costs more segments and merges.",
         ),
     ] = 200,
+    in_flight: Annotated[
+        int,
+        typer.Option(
+            help="Batches whose bulk requests are in flight at once (1..32); the position "
+            "still moves batch by batch, in order. 1 sends each batch only after the last "
+            "one became searchable.",
+        ),
+    ] = 4,
     ready_file: Annotated[
         Path | None, typer.Option(help="Create this file once the sink is following.")
     ] = None,
@@ -144,6 +152,8 @@ def serve_opensearch(
         raise ConfigError("--max-versions must be 1..10000")
     if not 1 <= refresh_interval_ms <= 60_000:
         raise ConfigError("--refresh-interval-ms must be 1..60000")
+    if not 1 <= in_flight <= 32:
+        raise ConfigError("--in-flight must be 1..32")
     config = ServeConfig(
         table=check_index_name(index),
         follow=follow,
@@ -164,7 +174,8 @@ def serve_opensearch(
         signal.signal(sig, lambda *_: stop.set())
 
     def serve(until: threading.Event) -> dict:
-        return OpenSearchSink(lk, target_url, config, until, refresh_interval_ms).run().as_dict()
+        sink = OpenSearchSink(lk, target_url, config, until, refresh_interval_ms, in_flight)
+        return sink.run().as_dict()
 
     try:
         if lease:

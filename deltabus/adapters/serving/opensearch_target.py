@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ import polars as pl
 import pyarrow as pa
 
 from deltabus.adapters.serving import opensearch_connection as osc
+from deltabus.adapters.serving.bulk_pipeline import BulkPipeline
 from deltabus.adapters.serving.changes import final_changes
 from deltabus.adapters.serving.sink_loop import Applied, PositionMovedError
 from deltabus.core.errors import ConfigError, DeltabusError
@@ -49,6 +50,9 @@ INDEX_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
 MAX_ID_BYTES = 512
 HASHED_ID_PREFIX = "sha256:"
 BULK_OPERATIONS = 5000  # per request: a batch larger than this is sent in several
+# Batches whose bulk requests are in flight at once; 1 sends each after the last one's
+# refresh (docs/adr/0005-opensearch-sink.md).
+DEFAULT_IN_FLIGHT = 4
 BULK_BYTES = 8 * 1024 * 1024
 
 INDEXED_FIELDS = {"message": "keyword", "timestamp": "double", "time": "long", "version": "long"}
@@ -140,6 +144,28 @@ def _raise_unread(docs: list[dict[str, Any]]) -> None:
         raise osc.ItemReadsFailed(types, f"{types[0]}: {reason}")
 
 
+def _split(changes: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The insertions of `final_changes`, and the retractions of messages not inserted
+    again."""
+    inserts = changes.filter(pl.col("diff") > 0)
+    retracted = changes.filter(pl.col("diff") < 0).join(
+        inserts.select("message"), on="message", how="anti"
+    )
+    return inserts, retracted
+
+
+def _index_operations(inserts: pl.DataFrame) -> list[tuple[str, str | None]]:
+    """One external-version `index` operation per inserted row."""
+    operations: list[tuple[str, str | None]] = []
+    for message, timestamp, at, version in inserts.select(
+        "message", "timestamp", "time", "version"
+    ).iter_rows():
+        meta = {"_id": document_id(message), "version": version, "version_type": "external"}
+        doc = {"message": message, "timestamp": timestamp, "time": at, "version": version}
+        operations.append((_json({"index": meta}), _json(doc)))
+    return operations
+
+
 def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -156,13 +182,18 @@ class OpenSearchTarget:
         source: str,
         sink: str | None = None,
         refresh_interval_ms: int = DEFAULT_REFRESH_INTERVAL_MS,
+        in_flight: int = DEFAULT_IN_FLIGHT,
     ) -> None:
         self.url = url
         self.index = check_index_name(index)
         self.sink = sink or index
         self.source = source  # the Delta table served, by URI: one source per sink
         self.refresh_interval = f"{int(refresh_interval_ms)}ms"
+        self.in_flight = in_flight
         self.client: Any = None
+        self._pipeline: BulkPipeline | None = None
+        self._stored: StoredPosition | None = None  # as the last position write left it
+        self._queued = -1  # the version the last batch queued moves the position to
 
     def describe(self) -> str:
         return f"index {self.index} on {osc.describe(self.url)}"
@@ -208,6 +239,12 @@ class OpenSearchTarget:
         return self.client is not None
 
     def close(self) -> None:
+        """Wait for the batches in flight (their failures are dropped: a reconnect reads
+        the position back), then close the client."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
+        self._stored = None
         if self.client is not None:
             try:
                 self.client.close()
@@ -309,13 +346,16 @@ class OpenSearchTarget:
         except ConflictError:
             pass  # another sink of the same name created it meanwhile
 
-    def _replace_position(self, read: StoredPosition, body: dict[str, Any]) -> bool:
+    def _replace_position(
+        self, read: StoredPosition, body: dict[str, Any]
+    ) -> StoredPosition | None:
         """Write the position document if it is still as `read` found it (compare and
-        set on its sequence number); False when another writer changed it."""
+        set on its sequence number): the document as written, or None when another
+        writer changed it."""
         from opensearchpy.exceptions import ConflictError
 
         try:
-            self.client.index(
+            written = self.client.index(
                 index=POSITION_INDEX,
                 id=self.sink,
                 body=body,
@@ -323,8 +363,8 @@ class OpenSearchTarget:
                 if_primary_term=read.primary_term,
             )
         except ConflictError:
-            return False
-        return True
+            return None
+        return StoredPosition(body, written["_seq_no"], written["_primary_term"])
 
     def _position_body(
         self, version: int, snapshot_version: int | None, source_commit_ms: int | None
@@ -359,7 +399,7 @@ class OpenSearchTarget:
         recorded = read.source.get("snapshot_version")
         if recorded is None:
             body = self._position_body(-1, latest, None)
-            if self._replace_position(read, body):
+            if self._replace_position(read, body) is not None:
                 return latest
             reread = self._read_position()
             recorded = None if reread is None else reread.source.get("snapshot_version")
@@ -383,30 +423,79 @@ class OpenSearchTarget:
         the position from `expected` to `to_version` (compare and set). Raises
         PositionMovedError when another sink moved it: before the writes, nothing is
         written; after them, what they changed is what their versions allowed."""
+        self.drain()
         read = self._read_position()
         if read is None:
             raise self._position_deleted()
         if read.version != expected:
             raise PositionMovedError(read.version)
-        inserts = changes.filter(pl.col("diff") > 0)
-        retracted = changes.filter(pl.col("diff") < 0).join(
-            inserts.select("message"), on="message", how="anti"
-        )
-        operations: list[tuple[str, str | None]] = []
-        for message, timestamp, at, version in inserts.select(
-            "message", "timestamp", "time", "version"
-        ).iter_rows():
-            meta = {"_id": document_id(message), "version": version, "version_type": "external"}
-            doc = {"message": message, "timestamp": timestamp, "time": at, "version": version}
-            operations.append((_json({"index": meta}), _json(doc)))
+        inserts, retracted = _split(changes)
         deletes, not_held = self._deletes(retracted)
-        operations += deletes
-        indexed, deleted, already = self._bulk(operations)
+        indexed, deleted, already = self._bulk(_index_operations(inserts) + deletes)
         snapshot = to_version if expected < 0 else None
         body = self._position_body(to_version, snapshot, source_commit_ms)
-        if not self._replace_position(read, body):
+        written = self._replace_position(read, body)
+        if written is None:
             raise PositionMovedError(self.position())
+        self._stored, self._queued = written, to_version
         return Applied(indexed, deleted, time.time() * 1000, already_applied=already + not_held)
+
+    def submit(
+        self,
+        changes: pl.DataFrame,
+        expected: int,
+        to_version: int,
+        source_commit_ms: int,
+        done: Callable[[Applied], None],
+    ) -> None:
+        """`apply` with up to `in_flight` batches' bulk requests in flight: `done` gets
+        the batch's Applied once its position was written, after every earlier batch's.
+        A failure or a moved position surfaces at a later `submit`, `check` or `drain`.
+        A snapshot, and a batch with deletes (which read what earlier batches wrote),
+        first wait for the batches in flight."""
+        inserts, retracted = _split(changes)
+        if self.in_flight <= 1 or expected < 0 or retracted.height > 0:
+            done(self.apply(changes, expected, to_version, source_commit_ms))
+            return
+        pipeline = self._pipeline_open()
+        pipeline.check()
+        if self._stored is None or self._queued != expected:
+            self.drain()
+            read = self._read_position()
+            if read is None:
+                raise self._position_deleted()
+            if read.version != expected:
+                raise PositionMovedError(read.version)
+            self._stored, self._queued = read, expected
+        operations = _index_operations(inserts)
+        body = self._position_body(to_version, None, source_commit_ms)
+
+        def commit(counts: tuple[int, int, int]) -> None:
+            assert self._stored is not None  # set before the first batch was queued
+            written = self._replace_position(self._stored, body)
+            if written is None:
+                raise PositionMovedError(self.position())
+            self._stored = written
+            indexed, deleted, already = counts
+            done(Applied(indexed, deleted, time.time() * 1000, already_applied=already))
+
+        self._queued = to_version
+        pipeline.submit(lambda: self._bulk(operations), commit)
+
+    def check(self) -> None:
+        """Raise the failure of a batch in flight that ended since the last call."""
+        if self._pipeline is not None:
+            self._pipeline.check()
+
+    def drain(self) -> None:
+        """Wait until every batch in flight has moved the position (or raise its failure)."""
+        if self._pipeline is not None:
+            self._pipeline.drain()
+
+    def _pipeline_open(self) -> BulkPipeline:
+        if self._pipeline is None:
+            self._pipeline = BulkPipeline(self.in_flight, name="opensearch-bulk")
+        return self._pipeline
 
     def _deletes(self, retracted: pl.DataFrame) -> tuple[list[tuple[str, str | None]], int]:
         """Delete operations for the retracted messages whose document holds a retracted

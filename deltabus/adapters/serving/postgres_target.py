@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
@@ -259,6 +260,23 @@ class PostgresTarget:
         return n
 
     # -- writing --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        changes: pl.DataFrame,
+        expected: int,
+        to_version: int,
+        source_commit_ms: int,
+        done: Callable[[Applied], None],
+    ) -> None:
+        """`apply`, at once: one transaction holds nothing in flight."""
+        done(self.apply(changes, expected, to_version, source_commit_ms))
+
+    def check(self) -> None:
+        """Nothing is ever in flight."""
+
+    def drain(self) -> None:
+        """Nothing is ever in flight."""
 
     def apply(
         self, changes: pl.DataFrame, expected: int, to_version: int, source_commit_ms: int

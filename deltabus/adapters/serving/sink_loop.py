@@ -111,6 +111,26 @@ class SinkTarget(Protocol):
         PositionMovedError when another sink moved it."""
         ...
 
+    def submit(
+        self,
+        changes: pl.DataFrame,
+        expected: int,
+        to_version: int,
+        source_commit_ms: int,
+        done: Callable[[Applied], None],
+    ) -> None:
+        """`apply`, possibly beside earlier batches still in flight: `done` gets the
+        Applied once the position moved. A failure may surface at a later call."""
+        ...
+
+    def check(self) -> None:
+        """Raise the failure of a batch in flight that has ended since the last call."""
+        ...
+
+    def drain(self) -> None:
+        """Wait until every batch submitted has moved the position, or raise its failure."""
+        ...
+
     def recreated_hint(self) -> str:
         """How to start over when the unified table was re-created under the sink."""
         ...
@@ -206,6 +226,7 @@ class SinkLoop(ABC):
 
     def _finish(self, started: float) -> None:
         try:
+            self._drain()
             served = self._retry_target(self.target.count, "count what is served")
         finally:
             self.target.close()
@@ -237,7 +258,9 @@ class SinkLoop(ABC):
         while not self.stop.is_set():
             upto = None if self.config.follow else latest
             if upto is not None and self.position >= upto:
-                return
+                if self._guarded(self.target.drain):
+                    return
+                continue  # a batch in flight failed: its commits are read again
             commits = self._fetch(tail, limit, upto, pacer)
             pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
             if commits:
@@ -246,8 +269,18 @@ class SinkLoop(ABC):
                 if len(commits) == limit:
                     continue  # behind: read on at once
             elif not self.config.follow:
-                return
+                if self._guarded(self.target.drain):
+                    return
+                continue
+            elif not self._guarded(self.target.check):
+                continue
             pacer.wait()
+
+    def _drain(self) -> None:
+        """Wait for the batches in flight, recovering from a failure as `_apply` does,
+        until the target holds every batch the loop applied."""
+        while not self._guarded(self.target.drain):
+            pass
 
     def _fetch(
         self, tail: DeltaLogTail, limit: int, upto: int | None, pacer: Pacer
@@ -307,8 +340,28 @@ class SinkLoop(ABC):
         ]
         changes = self.target.changes(concat(parts) if parts else None)
         last = commits[-1]
+
+        def done(applied: Applied) -> None:
+            who = metrics.component()
+            metrics.RECORDS.labels(who, self.config.table, "out").inc(
+                applied.inserted + applied.deleted
+            )
+            metrics.COMMITS.labels(who, self.config.table).inc()
+            self._commits_applied(applied, commits)
+
+        if self._guarded(
+            lambda: self.target.submit(
+                changes, self.position, last.version, last.timestamp_ms, done
+            )
+        ):
+            self.position = last.version  # the next batch follows this one
+
+    def _guarded(self, call: Callable[[], None]) -> bool:
+        """`call` into the target; False when it raised a moved position or an outage,
+        after which `self.position` is the target's own and the commits after it are
+        read again."""
         try:
-            applied = self.target.apply(changes, self.position, last.version, last.timestamp_ms)
+            call()
         except PositionMovedError as moved:
             log.warning(
                 "the position of %s moved to %d (another sink of the same name?): going on "
@@ -317,19 +370,13 @@ class SinkLoop(ABC):
                 moved.stored,
             )
             self.position = moved.stored
-            return
+            return False
         except Exception as exc:
             if not self.target.is_transient(exc):
                 raise
             self._reconnect(exc)
-            return
-        self.position = last.version
-        who = metrics.component()
-        metrics.RECORDS.labels(who, self.config.table, "out").inc(
-            applied.inserted + applied.deleted
-        )
-        metrics.COMMITS.labels(who, self.config.table).inc()
-        self._commits_applied(applied, commits)
+            return False
+        return True
 
     def _reconnect(self, exc: BaseException) -> None:
         """The target went away mid-write: reconnect and go on after the position it
