@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from deltabus.core.version import __version__ as __version__
 
+# Every exception a user may catch (deltabus.errors, light to import) is exported here too.
+from deltabus.errors import *  # noqa: F403
+from deltabus.errors import __all__ as _errors
+
 __all__ = [
     "Batch",
     "Bus",
@@ -41,27 +45,7 @@ __all__ = [
     "partition_table",
     "position_marker",
     "recorded_marks",
-    # errors (deltabus.errors)
-    "BufferFullError",
-    "ChangeWithoutCdfError",
-    "CompactionConflict",
-    "ConfigError",
-    "DeltabusError",
-    "FencedError",
-    "InputTableError",
-    "MissingExtraError",
-    "OffsetOutOfRangeError",
-    "OpenSearchRed",
-    "OpenSearchUnreachable",
-    "PostgresUnreachable",
-    "RecordError",
-    "RemovedFileError",
-    "RetentionConflict",
-    "StoppedDuringOutage",
-    "StorageError",
-    "UnreadableFileError",
-    "UnsupportedFeatureError",
-    "VersionTakenError",
+    *_errors,
 ]
 
 # Imported on first use, so that `import deltabus` stays light for the CLI.
@@ -83,26 +67,6 @@ _HOMES = {
     "key_partition": "deltabus.bus.partitioning",
     "partition_table": "deltabus.bus.partitions",
     "position_marker": "deltabus.bus.positions",
-    "BufferFullError": "deltabus.errors",
-    "ChangeWithoutCdfError": "deltabus.errors",
-    "CompactionConflict": "deltabus.errors",
-    "ConfigError": "deltabus.errors",
-    "DeltabusError": "deltabus.errors",
-    "FencedError": "deltabus.errors",
-    "InputTableError": "deltabus.errors",
-    "MissingExtraError": "deltabus.errors",
-    "OffsetOutOfRangeError": "deltabus.errors",
-    "OpenSearchRed": "deltabus.errors",
-    "OpenSearchUnreachable": "deltabus.errors",
-    "PostgresUnreachable": "deltabus.errors",
-    "RecordError": "deltabus.errors",
-    "RemovedFileError": "deltabus.errors",
-    "RetentionConflict": "deltabus.errors",
-    "StoppedDuringOutage": "deltabus.errors",
-    "StorageError": "deltabus.errors",
-    "UnreadableFileError": "deltabus.errors",
-    "UnsupportedFeatureError": "deltabus.errors",
-    "VersionTakenError": "deltabus.errors",
 }
 
 if TYPE_CHECKING:
@@ -115,28 +79,6 @@ if TYPE_CHECKING:
     from deltabus.bus.streams import Stream, StreamSettings
     from deltabus.bus.transform import Source, Transform, TransformGroup
     from deltabus.delta.lake import Lake
-    from deltabus.errors import (
-        BufferFullError,
-        ChangeWithoutCdfError,
-        CompactionConflict,
-        ConfigError,
-        DeltabusError,
-        FencedError,
-        InputTableError,
-        MissingExtraError,
-        OffsetOutOfRangeError,
-        OpenSearchRed,
-        OpenSearchUnreachable,
-        PostgresUnreachable,
-        RecordError,
-        RemovedFileError,
-        RetentionConflict,
-        StoppedDuringOutage,
-        StorageError,
-        UnreadableFileError,
-        UnsupportedFeatureError,
-        VersionTakenError,
-    )
 
 
 def __getattr__(name: str) -> Any:
