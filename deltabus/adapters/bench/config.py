@@ -226,8 +226,8 @@ class BenchConfig:
         if self.serve_in_flight is not None:
             if self.serve != "opensearch":
                 raise ConfigError("--serve-in-flight sets the sink of --serve opensearch")
-            if not 1 <= self.serve_in_flight <= 32:
-                raise ConfigError(f"--serve-in-flight must be 1..32, got {self.serve_in_flight}")
+            if not 1 <= self.serve_in_flight <= 16:
+                raise ConfigError(f"--serve-in-flight must be 1..16, got {self.serve_in_flight}")
         if self.serve_refresh_ms is None:
             return
         if self.serve != "opensearch":

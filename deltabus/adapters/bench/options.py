@@ -253,7 +253,7 @@ Serve = Annotated[
 ServeInFlight = Annotated[
     int | None,
     typer.Option(
-        help="With --serve opensearch: batches the sink keeps in flight at once (1..32; "
+        help="With --serve opensearch: batches the sink keeps in flight at once (1..16; "
         "default: the sink's, 4). 1 sends each batch after the last one became searchable."
     ),
 ]

@@ -108,7 +108,7 @@ def serve_opensearch(
     in_flight: Annotated[
         int,
         typer.Option(
-            help="Batches whose bulk requests are in flight at once (1..32); the position "
+            help="Batches whose bulk requests are in flight at once (1..16); the position "
             "still moves batch by batch, in order. 1 sends each batch only after the last "
             "one became searchable.",
         ),
@@ -152,8 +152,8 @@ def serve_opensearch(
         raise ConfigError("--max-versions must be 1..10000")
     if not 1 <= refresh_interval_ms <= 60_000:
         raise ConfigError("--refresh-interval-ms must be 1..60000")
-    if not 1 <= in_flight <= 32:
-        raise ConfigError("--in-flight must be 1..32")
+    if not 1 <= in_flight <= 16:
+        raise ConfigError("--in-flight must be 1..16")
     config = ServeConfig(
         table=check_index_name(index),
         follow=follow,

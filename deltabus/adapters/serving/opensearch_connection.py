@@ -90,6 +90,11 @@ def redact(text: str, url: str | None) -> str:
     return text
 
 
+# Connections kept open: one per bulk request the sink keeps in flight, plus its position
+# reads and writes (urllib3's default of one reconnects for every concurrent request).
+POOL_MAXSIZE = 16
+
+
 def client(url: str) -> Any:
     """An `opensearchpy.OpenSearch` client for `url`: no retries of its own (the sink's
     retry budget decides), credentials as HTTP basic auth."""
@@ -108,6 +113,7 @@ def client(url: str) -> Any:
         max_retries=0,
         retry_on_timeout=False,
         http_compress=False,
+        pool_maxsize=POOL_MAXSIZE,
     )
 
 
