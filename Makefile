@@ -94,7 +94,7 @@ spark: venv minio-bin  ## Delta Spark interop suite (pyspark + delta-spark, Delt
 
 chaos: venv minio-bin  ## seeded chaos soak: 10 min of SIGKILLs, MinIO restarts, second ETLs, then the count; SEED=n CHAOS_SECONDS=s
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \
-	  $(PY) -m pytest -q -s tests/test_chaos.py
+	  $(PY) -m pytest -q -s tests/test_chaos_soak.py
 
 lint: venv dagster-home docs-check  ## ruff lint and format check, the import rules, the Dagster definitions load and validate, the docs check
 	$(PY) -m ruff check .

@@ -27,7 +27,7 @@ from tests.helpers import (
     read_unified,
     wait_for_file,
 )
-from tests.test_faults import produce_in_background
+from tests.test_exactly_once_under_faults import produce_in_background
 
 
 def test_a_newer_claim_fences_the_older_lease(lake: Lake):

@@ -28,7 +28,7 @@ from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
 from deltabus.delta.lake import Lake
 from tests.conftest import lake_env, minio_settings_for
-from tests.test_faults import own_minio  # noqa: F401 - fixture
+from tests.test_exactly_once_under_faults import own_minio  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

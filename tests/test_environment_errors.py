@@ -35,7 +35,7 @@ from deltabus.core.errors import ConfigError, StorageError, user_storage_error
 from deltabus.core.settings import Settings, load_settings
 from deltabus.delta.lake import PROBE_NAME, Lake
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
-from tests.test_errors import assert_clean_failure, objects_under
+from tests.test_storage_errors import assert_clean_failure, objects_under
 
 IS_ROOT = os.geteuid() == 0
 
