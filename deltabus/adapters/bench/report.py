@@ -70,13 +70,19 @@ ETL_NAMES = {
     "pathway": "pathway (deltabus' ETL process)",
     "spark": "**spark** (Spark Structured Streaming: Delta streaming source and sink, "
     "trigger processingTime = the commit interval)",
+    "kafka-streams": "**kafka-streams** (a Kafka Streams topology, exactly-once v2, commit "
+    "interval = the commit interval)",
 }
 
 
 def etl_line(runs: list[RunSummary]) -> str:
-    """report.md's line naming the ETL of the Delta runs (the Kafka backbone's is Pathway's)."""
-    etls = sorted({r.etl for r in runs if r.backbone == "delta"})
-    return "- ETL: " + ", ".join(ETL_NAMES.get(e, e) for e in etls or ["pathway"])
+    """report.md's line naming the ETL of each backbone's runs."""
+    parts = []
+    for backbone in sorted({r.backbone for r in runs}):
+        etls = sorted({r.etl for r in runs if r.backbone == backbone}) or ["pathway"]
+        names = ", ".join(ETL_NAMES.get(e, e) for e in etls)
+        parts.append(f"{names} on {backbone}" if len({r.backbone for r in runs}) > 1 else names)
+    return "- ETL: " + "; ".join(parts or [ETL_NAMES["pathway"]])
 
 
 def report_json(

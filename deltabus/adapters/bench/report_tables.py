@@ -110,11 +110,12 @@ def serving_markdown(runs: list[RunSummary]) -> list[str]:
         system = SERVE_SYSTEMS.get(backend, backend)
         mine = [(r, s) for r, s in served if s.backend == backend]
         if backend == "opensearch":
+            first = mine[0][1]
             how = (
                 "searchable in OpenSearch (a reader polling the index for versions it has not "
-                "seen; the sink acknowledges a batch once searchable and then sends the next, "
-                "so the stage takes about two to three refresh intervals of "
-                f"{mine[0][1].refresh_interval_ms} ms)"
+                "seen; the sink acknowledges a batch once searchable, with "
+                f"{first.in_flight or 1} batch(es) in flight, refresh interval "
+                f"{first.refresh_interval_ms} ms)"
             )
         else:
             how = f"visible in {system} (a reader polling the served table)"
@@ -135,8 +136,22 @@ def serving_markdown(runs: list[RunSummary]) -> list[str]:
                 f"{pair(e2e.p50, e2e.p99)} | {s.not_served:,} | {s.verdict} | "
                 f"{cpu or '—'} |"
             )
+        lines += _raw_lines(mine)
         lines += _replay_lines(system, mine)
     return lines
+
+
+def _raw_lines(mine: list[tuple[RunSummary, Serving]]) -> list[str]:
+    """OpenSearch: the node's own rate before each run (plain `_bulk`, no sink)."""
+    raws = [(r.rate, s.raw_capacity) for r, s in mine if s.raw_capacity]
+    if not raws:
+        return []
+    rates = ", ".join(f"{rate:,}: {raw['docs_per_s']:,.0f}" for rate, raw in raws)
+    return [
+        "",
+        "The node alone before each run (plain `_bulk` requests of served-shape documents "
+        "from one client, nothing else running), documents/s by the run's rate: " + rates,
+    ]
 
 
 def _replay_lines(system: str, mine: list[tuple[RunSummary, Serving]]) -> list[str]:
