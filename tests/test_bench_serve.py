@@ -89,6 +89,10 @@ def test_bench_serve_opensearch(minio: MinioServer, tmp_path: Path) -> None:
     assert "unified commit→OpenSearch" in stdout and "--serve opensearch" in stdout
     serving = _check_serving(report, out, "opensearch", "opensearch")
     assert serving["refresh_interval_ms"] == DEFAULT_REFRESH_INTERVAL_MS
+    assert serving["in_flight"] == 4
+    raw = serving["raw_capacity"]  # the node alone, before the run
+    assert raw["docs"] > 0 and raw["docs_per_s"] > 0 and raw["docs_per_request"] == 1000
+    assert "The node alone before each run" in stdout
     sink = serving["sink_report"]
     assert sink["docs_indexed"] == sink["indexed_docs"] == 10_000, sink
     assert sink["docs_deleted"] == 0
@@ -228,7 +232,7 @@ def test_configured_opensearch_gets_an_index_of_the_run(
     first, second = runs
     assert first.index.startswith("served_bench_") and first.index != second.index
     options = first._sink_options(first.target)
-    assert options == ["--index", first.index, "--refresh-interval-ms", "250"]
+    assert options == ["--index", first.index, "--refresh-interval-ms", "250", "--in-flight", "4"]
     assert first._sink_env() == {"DELTABUS_OPENSEARCH_URL": url}  # the child's only
     assert "s3cret" not in first.redact(f"failed at {url}: s3cret")
     cluster = FakeCluster()

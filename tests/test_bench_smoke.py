@@ -159,17 +159,34 @@ def test_bench_smoke_store_profile(minio: MinioServer, toxiproxy: Path, tmp_path
     assert list((out / "logs").glob("toxiproxy-*.log"))  # the proxy ran for this benchmark
 
 
+def test_notify_is_on_where_the_store_pushes_commit_events() -> None:
+    """Pushed commit events by default for a throwaway MinIO on loopback only; an explicit
+    --notify/--no-notify wins."""
+    from deltabus.adapters.bench.session import notify_for
+
+    def config(**kwargs: object) -> BenchConfig:
+        return BenchConfig(
+            rates=(1000,), duration=1, warmup=0, profile="100ms", out=Path("o"), **kwargs
+        )
+
+    assert notify_for(config(), local_minio=True)
+    assert not notify_for(config(store="s3-standard"), local_minio=True)
+    assert not notify_for(config(), local_minio=False)
+    assert not notify_for(config(notify=False), local_minio=True)
+    assert notify_for(config(notify=True, store="s3-express"), local_minio=True)
+
+
 def test_bench_smoke_notify(minio: MinioServer, tmp_path: Path) -> None:
-    """`--notify`: its own MinIO posts every commit to a relay process that wakes the
-    tails; every message arrives, the relay's CPU is a component, and the idle window's
-    first messages are measured."""
+    """`--local-minio` without --notify: its own MinIO posts every commit to a relay
+    process that wakes the tails; every message arrives, the relay's CPU is a component,
+    and the idle window's first messages are measured."""
     env = {
         **lake_env(Lake(minio_settings_for(minio, "unused"))),
         "DELTABUS_MINIO_BIN": str(minio.binary),
     }
     out = tmp_path / "out"
     args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--idle-s", "3"]
-    args += ["--profile", "100ms", "--out", str(out), "--local-minio", "--notify", "--grace", "15"]
+    args += ["--profile", "100ms", "--out", str(out), "--local-minio", "--grace", "15"]
     result = run_cli(args, env, tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "unavailable" not in result.stderr  # the stream stayed up: no fallback to polls

@@ -92,7 +92,7 @@ def bench(
     etl_poll_ms: opt.EtlPollMs = None,
     interval: opt.Interval = 1.0,
     idle_s: opt.IdleS = 0,
-    notify: opt.Notify = False,
+    notify: opt.Notify = None,
     progress: opt.Progress = True,
     serve: opt.Serve = None,
     serve_refresh_ms: opt.ServeRefreshMs = None,

@@ -91,7 +91,9 @@ class BenchConfig:
     etl_poll_ms: float | None = None  # None: the ETL's own default
     interval_s: float = 1.0  # bucket of the latency-over-time plots
     idle_s: float = 0.0  # after the run, measure the cost of the idle pipeline this long
-    notify: bool = False  # tails woken by MinIO's pushed commit events (a relay), not polls
+    # Tails woken by MinIO's pushed commit events (a relay), not polls; None: on for a
+    # throwaway MinIO on loopback (`notify_for`), off for a store profile or another store.
+    notify: bool | None = None
     serve: str | None = None  # one of SERVE_BACKENDS: the serving sink as a stage
     serve_refresh_ms: int | None = None  # --serve opensearch: the index's refresh interval
     serve_in_flight: int | None = None  # --serve opensearch: batches in flight in the sink

@@ -223,11 +223,13 @@ IdleS = Annotated[
 ]
 
 Notify = Annotated[
-    bool,
+    bool | None,
     typer.Option(
+        "--notify/--no-notify",
         help="With --local-minio: MinIO pushes every commit to a `deltabus notify relay` "
         "(its webhook target) and tails wait on those events instead of polling; the "
-        "relay's CPU is a component of its own."
+        "relay's CPU is a component of its own. Default: on with --local-minio and the "
+        "loopback store, off behind a store profile (S3 pushes no such events).",
     ),
 ]
 

@@ -68,6 +68,16 @@ def compare_layouts(
         raise typer.Exit(1)
 
 
+def notify_for(config: BenchConfig, local_minio: bool) -> bool:
+    """Whether the run's tails wait on pushed commit events: `--notify/--no-notify`, else
+    on where the store offers them as a deployed MinIO would, a throwaway MinIO on
+    loopback (ADR 0032); off behind a store profile, which stands for S3, where commit
+    events come late or not at all."""
+    if config.notify is not None:
+        return config.notify
+    return local_minio and config.store == "loopback"
+
+
 def run(config, settings, *, local_minio: bool | None = None, show_progress: bool = True) -> dict:
     """Run the benchmark on `settings` (or a throwaway MinIO); returns report.json + errors."""
 
@@ -79,7 +89,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
     if local_minio is None:
         local_minio = not minio_configured(settings) and settings.storage == "minio"
     if local_minio:
-        with throwaway_minio(notify=config.notify) as (minio_settings, pids):
+        with throwaway_minio(notify=notify_for(config, local_minio)) as (minio_settings, pids):
             with _store_proxy(config, minio_settings) as (proxied, proxy_pids):
                 return Bench(
                     config,
