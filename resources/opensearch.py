@@ -13,7 +13,7 @@ from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
 from deltabus.adapters.serving import opensearch_connection as osc
-from deltabus.adapters.serving.opensearch_target import DEFAULT_INDEX, check_index_name
+from deltabus.adapters.serving.opensearch_documents import DEFAULT_INDEX, check_index_name
 
 URL_VAR = osc.URL_VAR
 

@@ -31,11 +31,8 @@ from deltabus.adapters.dev.opensearch_process import OpenSearchNode, http_json
 from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving.opensearch import IndexReport, OpenSearchSink
 from deltabus.adapters.serving.opensearch_compare import compare_index, indexed, indexed_position
-from deltabus.adapters.serving.opensearch_target import (
-    POSITION_INDEX,
-    OpenSearchTarget,
-    document_id,
-)
+from deltabus.adapters.serving.opensearch_documents import POSITION_INDEX, document_id
+from deltabus.adapters.serving.opensearch_target import OpenSearchTarget
 from deltabus.adapters.serving.sink_loop import ServeConfig
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.core.net import free_port

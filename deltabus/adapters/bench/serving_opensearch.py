@@ -30,12 +30,10 @@ from typing import Any
 
 from deltabus.adapters.bench.serving import SERVER_CPU, ServedReader, ServingRun
 from deltabus.adapters.serving import opensearch_connection as osc
+from deltabus.adapters.serving.opensearch_documents import INDEX_MAPPING, ONE_SHARD, POSITION_INDEX
 from deltabus.adapters.serving.opensearch_target import (
     DEFAULT_IN_FLIGHT,
     DEFAULT_REFRESH_INTERVAL_MS,
-    INDEX_MAPPING,
-    ONE_SHARD,
-    POSITION_INDEX,
 )
 
 log = logging.getLogger("deltabus.adapters.bench")

@@ -143,7 +143,7 @@ def serve_opensearch(
     from deltabus.adapters.cli_state import emit
     from deltabus.adapters.serving import opensearch_connection as osc
     from deltabus.adapters.serving.opensearch import OpenSearchSink
-    from deltabus.adapters.serving.opensearch_target import check_index_name
+    from deltabus.adapters.serving.opensearch_documents import check_index_name
     from deltabus.adapters.serving.sink_loop import ServeConfig
     from deltabus.core import metrics
 

@@ -10,7 +10,7 @@ import polars as pl
 
 from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving.compare import difference, unified_lag, unified_net
-from deltabus.adapters.serving.opensearch_target import POSITION_INDEX, check_index_name
+from deltabus.adapters.serving.opensearch_documents import POSITION_INDEX, check_index_name
 from deltabus.delta.lake import Lake
 
 INDEXED_SCHEMA = {

@@ -3,30 +3,23 @@
 OpenSearch has no transaction across documents, so exactly once rests on versions
 (docs/adr/0005-opensearch-sink.md): every document write is a `_bulk` operation with
 `version_type=external` and, as its version, the unified version that last changed the
-message. OpenSearch applies an operation only when its version is higher than the
-document's, so a batch replayed after a crash changes nothing it had already written,
-and a document never goes back to an older state. The position, the last unified
-version whose changes are all in the index, is one document of `deltabus_sink_position`
-(id: the sink's name). A batch reads it first (it must hold the version the sink
-expects) and replaces it after its bulk requests were acknowledged, only if no other
-writer changed it meanwhile (`if_seq_no`, `if_primary_term`): a sink that restarts reads
-it back and goes on after it.
+message, so a batch replayed after a crash changes nothing it had already written, and a
+document never goes back to an older state. The position, the last unified version whose
+changes are all in the index, is one document of `deltabus_sink_position` (id: the
+sink's name), replaced after a batch's bulk requests were acknowledged, only if no other
+writer changed it meanwhile (`if_seq_no`, `if_primary_term`). Up to `in_flight` batches
+are sent at once, and their position writes happen in order (`BulkPipeline`).
 
-Document `_id` is the message itself; a message OpenSearch cannot take as an id (empty,
-longer than 512 bytes in UTF-8) and a message starting with the hashed-id prefix get
-`sha256:` and the hex digest of the message instead. Bulk requests wait for a refresh
-(`refresh=wait_for`) on an index created with an explicit `refresh_interval`, so an
-acknowledged batch is searchable and the index never goes search-idle.
+Bulk requests wait for a refresh (`refresh=wait_for`) on an index created with an
+explicit `refresh_interval`, so an acknowledged batch is searchable and the index never
+goes search-idle. What a document holds, and its `_id`: `opensearch_documents`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,49 +29,31 @@ import pyarrow as pa
 from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving.bulk_pipeline import BulkPipeline
 from deltabus.adapters.serving.changes import final_changes
+from deltabus.adapters.serving.opensearch_documents import (
+    BULK_OPERATIONS,
+    INDEX_MAPPING,
+    INDEXED_FIELDS,
+    ONE_SHARD,
+    POSITION_INDEX,
+    POSITION_MAPPING,
+    bulk_bodies,
+    check_index_name,
+    document_id,
+    index_operations,
+    raise_unread,
+    split_changes,
+    to_json,
+)
 from deltabus.adapters.serving.sink_loop import Applied, PositionMovedError
 from deltabus.core.errors import ConfigError, DeltabusError
 
 log = logging.getLogger(__name__)
 
-POSITION_INDEX = "deltabus_sink_position"
-DEFAULT_INDEX = "indexed_unified"
-# Searchable within about a second at up to 10k msg/s, for a little more node CPU than
-# 1000 ms (docs/adr/0005-opensearch-sink.md).
+# The served index's refresh interval (docs/adr/0005-opensearch-sink.md).
 DEFAULT_REFRESH_INTERVAL_MS = 200
-INDEX_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
-MAX_ID_BYTES = 512
-HASHED_ID_PREFIX = "sha256:"
-BULK_OPERATIONS = 5000  # per request: a batch larger than this is sent in several
 # Batches whose bulk requests are in flight at once; 1 sends each after the last one's
 # refresh (docs/adr/0005-opensearch-sink.md).
 DEFAULT_IN_FLIGHT = 4
-BULK_BYTES = 8 * 1024 * 1024
-
-INDEXED_FIELDS = {"message": "keyword", "timestamp": "double", "time": "long", "version": "long"}
-INDEX_MAPPING = {
-    "dynamic": "strict",
-    "properties": {
-        # keyword for exact lookups and sorting (Lucene keeps terms up to 32766 bytes:
-        # longer messages stay in _source only), text for full-text search.
-        "message": {"type": "keyword", "ignore_above": 8191, "fields": {"text": {"type": "text"}}},
-        "timestamp": {"type": "double"},
-        "time": {"type": "long"},
-        "version": {"type": "long"},
-    },
-}
-POSITION_MAPPING = {
-    "dynamic": "strict",
-    "properties": {
-        "sink": {"type": "keyword"},
-        "source_table": {"type": "keyword"},
-        "version": {"type": "long"},
-        "snapshot_version": {"type": "long"},
-        "source_commit_ms": {"type": "long"},
-        "updated_at": {"type": "date", "format": "epoch_millis"},
-    },
-}
-ONE_SHARD = {"number_of_shards": 1, "auto_expand_replicas": "0-1"}
 
 
 @dataclass(frozen=True)
@@ -92,82 +67,6 @@ class StoredPosition:
     @property
     def version(self) -> int:
         return int(self.source["version"])
-
-
-def check_index_name(name: str) -> str:
-    """A served index name: lower-case letters, digits, '_' and '-' (not the position index)."""
-    if not INDEX_NAME.fullmatch(name) or name == POSITION_INDEX:
-        raise ConfigError(
-            f"--index {name!r} is not a usable index name",
-            "use 1-100 lower-case letters, digits, '_' and '-', starting with a letter or digit",
-        )
-    return name
-
-
-def document_id(message: str) -> str:
-    """The `_id` of a message's document: the message, or `sha256:<hex>` of it when
-    OpenSearch cannot take it as an id or it starts with that prefix."""
-    raw = message.encode("utf-8")
-    if 0 < len(raw) <= MAX_ID_BYTES and not message.startswith(HASHED_ID_PREFIX):
-        return message
-    return HASHED_ID_PREFIX + hashlib.sha256(raw).hexdigest()
-
-
-def _chunks(lines: list[tuple[str, str | None]]) -> Iterator[str]:
-    """Bulk request bodies (NDJSON) of at most BULK_OPERATIONS operations and about
-    BULK_BYTES each."""
-    body: list[str] = []
-    size = count = 0
-    for meta, doc in lines:
-        body.append(meta)
-        size += len(meta) + 1
-        if doc is not None:
-            body.append(doc)
-            size += len(doc) + 1
-        count += 1
-        if count >= BULK_OPERATIONS or size >= BULK_BYTES:
-            yield "\n".join(body) + "\n"
-            body, size, count = [], 0, 0
-    if body:
-        yield "\n".join(body) + "\n"
-
-
-def _raise_unread(docs: list[dict[str, Any]]) -> None:
-    """Raise ItemReadsFailed when a multi-get answered some documents with an error
-    instead of their state. Such an item has no `found`: taking it for "gone" would skip
-    its delete for good (a node recovering its shards after a restart answers so)."""
-    errors = [doc["error"] for doc in docs if doc.get("error") is not None]
-    if errors:
-        types = [str(e.get("type")) if isinstance(e, dict) else str(e) for e in errors]
-        first = errors[0]
-        reason = first.get("reason") if isinstance(first, dict) else first
-        raise osc.ItemReadsFailed(types, f"{types[0]}: {reason}")
-
-
-def _split(changes: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The insertions of `final_changes`, and the retractions of messages not inserted
-    again."""
-    inserts = changes.filter(pl.col("diff") > 0)
-    retracted = changes.filter(pl.col("diff") < 0).join(
-        inserts.select("message"), on="message", how="anti"
-    )
-    return inserts, retracted
-
-
-def _index_operations(inserts: pl.DataFrame) -> list[tuple[str, str | None]]:
-    """One external-version `index` operation per inserted row."""
-    operations: list[tuple[str, str | None]] = []
-    for message, timestamp, at, version in inserts.select(
-        "message", "timestamp", "time", "version"
-    ).iter_rows():
-        meta = {"_id": document_id(message), "version": version, "version_type": "external"}
-        doc = {"message": message, "timestamp": timestamp, "time": at, "version": version}
-        operations.append((_json({"index": meta}), _json(doc)))
-    return operations
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 class OpenSearchTarget:
@@ -429,9 +328,9 @@ class OpenSearchTarget:
             raise self._position_deleted()
         if read.version != expected:
             raise PositionMovedError(read.version)
-        inserts, retracted = _split(changes)
+        inserts, retracted = split_changes(changes)
         deletes, not_held = self._deletes(retracted)
-        indexed, deleted, already = self._bulk(_index_operations(inserts) + deletes)
+        indexed, deleted, already = self._bulk(index_operations(inserts) + deletes)
         snapshot = to_version if expected < 0 else None
         body = self._position_body(to_version, snapshot, source_commit_ms)
         written = self._replace_position(read, body)
@@ -453,7 +352,7 @@ class OpenSearchTarget:
         A failure or a moved position surfaces at a later `submit`, `check` or `drain`.
         A snapshot, and a batch with deletes (which read what earlier batches wrote),
         first wait for the batches in flight."""
-        inserts, retracted = _split(changes)
+        inserts, retracted = split_changes(changes)
         if self.in_flight <= 1 or expected < 0 or retracted.height > 0:
             done(self.apply(changes, expected, to_version, source_commit_ms))
             return
@@ -467,7 +366,7 @@ class OpenSearchTarget:
             if read.version != expected:
                 raise PositionMovedError(read.version)
             self._stored, self._queued = read, expected
-        operations = _index_operations(inserts)
+        operations = index_operations(inserts)
         body = self._position_body(to_version, None, source_commit_ms)
 
         def commit(counts: tuple[int, int, int]) -> None:
@@ -517,7 +416,7 @@ class OpenSearchTarget:
             docs = self.client.mget(
                 index=self.index, body={"ids": ids}, _source_includes="timestamp"
             )["docs"]
-            _raise_unread(docs)
+            raise_unread(docs)
             for message, doc_id, doc in zip(part, ids, docs, strict=True):
                 stamps, version = wanted[message]
                 held = doc.get("found") and doc["_source"].get("timestamp") in stamps
@@ -525,14 +424,14 @@ class OpenSearchTarget:
                     skipped += 1  # gone, newer, or holding another row of the message
                     continue
                 meta = {"_id": doc_id, "version": version, "version_type": "external"}
-                operations.append((_json({"delete": meta}), None))
+                operations.append((to_json({"delete": meta}), None))
         return operations, skipped
 
     def _bulk(self, operations: list[tuple[str, str | None]]) -> tuple[int, int, int]:
         """Send `operations` to the served index; (indexed, deleted, already applied).
         The last request waits for the refresh that makes them all searchable."""
         indexed = deleted = already = 0
-        bodies = list(_chunks(operations))
+        bodies = list(bulk_bodies(operations))
         for n, body in enumerate(bodies):
             refresh = "wait_for" if n == len(bodies) - 1 else "false"
             answer = self.client.bulk(body=body, index=self.index, refresh=refresh)
