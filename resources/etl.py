@@ -5,9 +5,9 @@ from __future__ import annotations
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from deltabus.apps.timezones.etl.command import etl_command
 from deltabus.apps.timezones.service import EtlService, EtlServiceGroup
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
-from deltabus.core.processes import etl_command
 
 # Raised by Dagster's own Pipes session code on every run, not by anything called here.
 PIPES_INTERNAL_WARNING = r".*PipesMessageReader\.expected_writer_count.*"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from deltabus.core.processes import child_env, etl_command
+from deltabus.apps.timezones.etl.command import etl_command
+from deltabus.core.processes import child_env
 from deltabus.core.settings import Settings, load_settings
 from tests.conftest import clear_lake_env
 

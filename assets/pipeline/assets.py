@@ -40,13 +40,14 @@ from deltabus.apps.timezones.contracts import (
     UNIFIED_SCHEMA,
     UNIFIED_TABLE,
 )
+from deltabus.apps.timezones.etl.command import etl_command
 from deltabus.apps.timezones.layout import read_layout
 from deltabus.apps.timezones.producer import ProducerConfig as EngineProducerConfig
 from deltabus.apps.timezones.producer import ProducerReport, TimezoneProducer
 from deltabus.apps.timezones.results import export_results
 from deltabus.core.intervals import DEFAULT_COMMIT_INTERVAL_MS, DEFAULT_POLL_INTERVAL_MS, from_ms
 from deltabus.core.paths import REPO_ROOT
-from deltabus.core.processes import etl_command, wait_for_file
+from deltabus.core.processes import wait_for_file
 from deltabus.delta.lake import Lake
 from resources.etl import PIPES_INTERNAL_WARNING, EtlServiceResource
 from resources.lake import LakeResource

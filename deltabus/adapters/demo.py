@@ -9,10 +9,11 @@ from pathlib import Path
 
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.duck import lake_connection
+from deltabus.apps.timezones.etl.command import etl_command
 from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.apps.timezones.results import export_results
 from deltabus.core.errors import DeltabusError
-from deltabus.core.processes import ChildProcess, child_env, etl_command
+from deltabus.core.processes import ChildProcess, child_env
 from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)

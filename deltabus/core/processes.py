@@ -20,7 +20,6 @@ from pathlib import Path
 import psutil
 
 from deltabus.core.errors import DeltabusError
-from deltabus.core.intervals import to_ms_arg
 from deltabus.core.settings import ENV_FILE_VAR, Settings
 
 log = logging.getLogger(__name__)
@@ -70,42 +69,6 @@ def deltabus_command(*args: str, prefix: str | None = None, as_json: bool = Fals
         *(["--prefix", prefix] if prefix else []),
         *args,
     ]
-
-
-def etl_command(
-    mode: str = "bounded",
-    *,
-    commit_interval: float | None = None,
-    poll_interval: float | None = None,
-    producers: int | None = None,
-    until_run: str | None = None,
-    threads: int | None = None,
-    process: int | None = None,
-    processes: int | None = None,
-    partitions: int | None = None,
-    ready_file: Path | None = None,
-    prefix: str | None = None,
-    as_json: bool = True,
-) -> list[str]:
-    """The `deltabus etl` command line; intervals in seconds, None for the ETL's default."""
-    args = ["etl", "--mode", mode]
-    if commit_interval is not None:
-        args += ["--commit-interval-ms", to_ms_arg(commit_interval)]
-    if poll_interval is not None:
-        args += ["--poll-interval-ms", to_ms_arg(poll_interval)]
-    if producers is not None:
-        args += ["--producers", str(producers)]
-    if until_run is not None:
-        args += ["--until-run", until_run]
-    if threads is not None:
-        args += ["--threads", str(threads)]
-    if processes is not None:
-        args += ["--process", str(process or 0), "--processes", str(processes)]
-    if partitions is not None:
-        args += ["--partitions", str(partitions)]
-    if ready_file is not None:
-        args += ["--ready-file", str(ready_file)]
-    return deltabus_command(*args, prefix=prefix, as_json=as_json)
 
 
 def wait_for_file(

@@ -33,8 +33,9 @@ from deltabus.adapters.bench.evaluate import Drain, RunState
 from deltabus.adapters.bench.idle import first_after_idle, measure_idle
 from deltabus.adapters.bench.workload import ProducerHandle
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA, UNIFIED_SCHEMA
+from deltabus.apps.timezones.etl.command import etl_command
 from deltabus.apps.timezones.layout import ensure_layout
-from deltabus.core.processes import ChildProcess, child_env, etl_command
+from deltabus.core.processes import ChildProcess, child_env
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table
 

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import deltabus
+from deltabus.apps.timezones.etl.command import etl_command
 from deltabus.apps.timezones.layout import read_layout
-from deltabus.core.processes import apply_process_defaults, etl_command, stop_pid
+from deltabus.core.processes import apply_process_defaults, stop_pid
 from deltabus.core.processes import process_alive as alive
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import find_commit, meta
