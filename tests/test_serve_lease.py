@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from deltabus.adapters.serving import opensearch_connection as osc
@@ -104,6 +105,65 @@ def wait_until(what: str, check, replicas: list[Replica], timeout: float = 90) -
         time.sleep(0.1)
 
 
+class Churn(threading.Thread):
+    """Writes `commits` unified commits of 30 rows, each also retracting five rows of the
+    commit before last and re-inserting one of them; halfway it waits for `go_on`.
+    `inserted_at` maps each inserted (message, timestamp) to its commit's version."""
+
+    def __init__(self, writer: UnifiedWriter, commits: int = 60) -> None:
+        super().__init__(name="churn", daemon=True)
+        self.writer, self.commits = writer, commits
+        self.go_on, self.done = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        self.inserted_at: dict[tuple[str, float], int] = {}
+
+    def run(self) -> None:
+        try:
+            for i in range(self.commits):
+                if i == self.commits // 2:
+                    assert self.go_on.wait(180), "the test never let the writer go on"
+                rows = [(f"m{i}-{j}", float(i * 100 + j), 1) for j in range(30)]
+                if i >= 2:
+                    rows += [(f"m{i - 2}-{j}", float((i - 2) * 100 + j), -1) for j in range(5)]
+                    rows.append((f"m{i - 2}-0", float((i - 2) * 100) + 0.5, 1))
+                version = self.writer.commit(rows)
+                self.inserted_at.update({(m, ts): version for m, ts, d in rows if d > 0})
+                time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+        finally:
+            self.done.set()
+
+
+def holder(group: Group) -> str | None:
+    """The member holding the active lease, None when it is free."""
+    lease = group.lease(ACTIVE)
+    return None if lease is None or lease.free(now_ms()) else lease.member
+
+
+def kill_the_active_replica(
+    replicas: list[Replica], group: Group, position: Callable[[], int], churn: Churn
+) -> Replica:
+    """One replica serves while the other stands by; the active one is SIGKILLed
+    mid-stream and the standby takes the lease over and serves the rest. Returns the
+    standby, once the writer has finished."""
+    a, b = replicas
+    wait_until("one replica serving", lambda: a.serving() or b.serving(), replicas)
+    active, standby = (a, b) if a.serving() else (b, a)
+    assert f"-{active.pid}-" in (holder(group) or ""), holder(group)
+    churn.start()
+    wait_until("the active replica serving commits", lambda: position() >= 10, replicas)
+    assert not standby.serving(), "the standby served while the other held the lease"
+    active.kill()
+    assert not churn.done.is_set(), "the writer finished before the active replica was killed"
+    churn.go_on.set()
+    wait_until("the standby serving", standby.serving, [standby])
+    assert f"-{standby.pid}-" in (holder(group) or ""), holder(group)
+    churn.join(180)
+    assert not churn.errors, churn.errors
+    return standby
+
+
 def test_a_standby_sink_takes_over_from_a_killed_active_one_exactly_once(
     minio_lake: Lake, postgres: Postgres, tmp_path: Path
 ) -> None:
@@ -112,56 +172,15 @@ def test_a_standby_sink_takes_over_from_a_killed_active_one_exactly_once(
     install_position_audit(postgres.dsn, lake, table)
     writer = UnifiedWriter(lake)
     writer.commit([("seed-0", 0.0, 1)])
-    commits = 60
-    go_on = threading.Event()
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            for i in range(commits):
-                if i == commits // 2:
-                    assert go_on.wait(180), "the test never let the writer go on"
-                rows = [(f"m{i}-{j}", float(i * 100 + j), 1) for j in range(30)]
-                if i >= 2:  # retract rows of the commit before last, re-insert one of them
-                    rows += [(f"m{i - 2}-{j}", float((i - 2) * 100 + j), -1) for j in range(5)]
-                    rows.append((f"m{i - 2}-0", float((i - 2) * 100) + 0.5, 1))
-                writer.commit(rows)
-                time.sleep(0.05)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        finally:
-            done.set()
-
     env = lake_env(lake) | {"DELTABUS_POSTGRES_DSN": postgres.dsn}
-    a = Replica(env, tmp_path, "a", table)
-    b = Replica(env, tmp_path, "b", table)
-    replicas = [a, b]
+    replicas = [Replica(env, tmp_path, name, table) for name in ("a", "b")]
     group = Group(lake, lease_group("postgres", table, pg.describe(postgres.dsn)))
 
-    def holder() -> str | None:
-        lease = group.lease(ACTIVE)
-        return None if lease is None or lease.free(now_ms()) else lease.member
+    def position() -> int:
+        return (served_position(postgres.dsn, table) or {}).get("version", -1)
 
     try:
-        wait_until("one replica serving", lambda: a.serving() or b.serving(), replicas)
-        active, standby = (a, b) if a.serving() else (b, a)
-        assert f"-{active.pid}-" in (holder() or ""), holder()
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
-        wait_until(
-            "the active replica serving commits",
-            lambda: (served_position(postgres.dsn, table) or {}).get("version", -1) >= 10,
-            replicas,
-        )
-        assert not standby.serving(), "the standby served while the other held the lease"
-        active.kill()
-        assert not done.is_set(), "the writer finished before the active replica was killed"
-        go_on.set()
-        wait_until("the standby serving", standby.serving, [standby])
-        assert f"-{standby.pid}-" in (holder() or ""), holder()
-        thread.join(180)
-        assert not errors, errors
+        standby = kill_the_active_replica(replicas, group, position, Churn(writer))
         last = writer.appender.version()
         wait_position(postgres.dsn, table, last, standby.process)
         report = standby.stop()
@@ -171,7 +190,7 @@ def test_a_standby_sink_takes_over_from_a_killed_active_one_exactly_once(
                 replica.kill()
     assert report["version"] == last and report["active_periods"] == 1, report
     assert report["lease_group"] == group.name
-    assert holder() is None, "a replica that stops releases the lease"
+    assert holder(group) is None, "a replica that stops releases the lease"
     assert_served_equals_unified(lake, postgres.dsn, table)
     assert_unbroken_chain(postgres.dsn, table, last)
     assert_no_row_written_twice(postgres.dsn, table)
@@ -184,38 +203,11 @@ def test_a_standby_index_sink_takes_over_from_a_killed_active_one_exactly_once(
     index = index_name()
     writer = UnifiedWriter(lake)
     seed = writer.commit([("seed-0", 0.0, 1)])
-    inserted_at: dict[tuple[str, float], int] = {("seed-0", 0.0): seed}
-    commits = 60
-    go_on = threading.Event()
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            for i in range(commits):
-                if i == commits // 2:
-                    assert go_on.wait(180), "the test never let the writer go on"
-                rows = [(f"m{i}-{j}", float(i * 100 + j), 1) for j in range(30)]
-                if i >= 2:  # retract rows of the commit before last, re-insert one of them
-                    rows += [(f"m{i - 2}-{j}", float((i - 2) * 100 + j), -1) for j in range(5)]
-                    rows.append((f"m{i - 2}-0", float((i - 2) * 100) + 0.5, 1))
-                version = writer.commit(rows)
-                inserted_at.update({(m, ts): version for m, ts, d in rows if d > 0})
-                time.sleep(0.05)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        finally:
-            done.set()
-
+    churn = Churn(writer)
+    churn.inserted_at[("seed-0", 0.0)] = seed
     env = lake_env(lake) | {"DELTABUS_OPENSEARCH_URL": url}
-    a = Replica(env, tmp_path, "a", index, kind="opensearch")
-    b = Replica(env, tmp_path, "b", index, kind="opensearch")
-    replicas = [a, b]
+    replicas = [Replica(env, tmp_path, name, index, kind="opensearch") for name in ("a", "b")]
     group = Group(lake, lease_group("opensearch", index, osc.describe(url)))
-
-    def holder() -> str | None:
-        lease = group.lease(ACTIVE)
-        return None if lease is None or lease.free(now_ms()) else lease.member
 
     def position() -> int:
         try:
@@ -225,20 +217,7 @@ def test_a_standby_index_sink_takes_over_from_a_killed_active_one_exactly_once(
         return -1 if found is None else int(found["version"])
 
     try:
-        wait_until("one replica serving", lambda: a.serving() or b.serving(), replicas)
-        active, standby = (a, b) if a.serving() else (b, a)
-        assert f"-{active.pid}-" in (holder() or ""), holder()
-        thread = threading.Thread(target=write, daemon=True)
-        thread.start()
-        wait_until("the active replica serving commits", lambda: position() >= 10, replicas)
-        assert not standby.serving(), "the standby served while the other held the lease"
-        active.kill()
-        assert not done.is_set(), "the writer finished before the active replica was killed"
-        go_on.set()
-        wait_until("the standby serving", standby.serving, [standby])
-        assert f"-{standby.pid}-" in (holder() or ""), holder()
-        thread.join(180)
-        assert not errors, errors
+        standby = kill_the_active_replica(replicas, group, position, churn)
         last = writer.appender.version()
         wait_until("the standby at the last version", lambda: position() >= last, [standby])
         report = standby.stop()
@@ -248,7 +227,7 @@ def test_a_standby_index_sink_takes_over_from_a_killed_active_one_exactly_once(
                 replica.kill()
     assert report["version"] == last and report["active_periods"] == 1, report
     assert report["lease_group"] == group.name
-    assert holder() is None, "a replica that stops releases the lease"
+    assert holder(group) is None, "a replica that stops releases the lease"
     net = assert_index_equals_unified(lake, url, index)
     # Every document holds the version of the commit that inserted its row: no write of an
     # older state won when the standby replayed what the killed one had in flight.
@@ -257,7 +236,7 @@ def test_a_standby_index_sink_takes_over_from_a_killed_active_one_exactly_once(
     rows = indexed(url, index)
     for message, timestamp in zip(rows["message"], rows["timestamp"], strict=True):
         stored, field = versions[message]
-        assert stored == field == inserted_at[(message, timestamp)], (message, stored, field)
+        assert stored == field == churn.inserted_at[(message, timestamp)], (message, stored)
 
 
 def test_a_leased_sink_needs_follow_and_a_usable_lease_time(
