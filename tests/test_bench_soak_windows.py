@@ -174,6 +174,8 @@ def test_goals_are_evaluated_against_their_targets() -> None:
     assert p99["figure"].endswith("window 12)") and p99["target"] == "within ±15%"
     assert rss["met"] is False and rss["by_process"]["etl"]["window"] == 12
     assert checkpoint["met"] is False and checkpoint["by_table"]["timezone1"]["growth"] == 5.0
+    assert rss["figure"].startswith("largest: etl 520 MB in window 2 → 620 MB")
+    assert " MiB in window 2 → " in checkpoint["figure"]
     assert objects["met"] is False
 
     # A store profile's proxies are shown, not judged.

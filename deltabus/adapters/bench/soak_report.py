@@ -22,6 +22,7 @@ the command fails on lost, repeated or unexpected messages, as every benchmark r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,17 +145,7 @@ def _rss_goal(windows: list[dict], not_judged: frozenset[str]) -> dict[str, Any]
     )
     if not growth:
         return goal | {"met": None, "value": None, "figure": "not evaluated: no process sampled"}
-    name, worst = max(growth.items(), key=lambda kv: kv[1]["growth"])
-    return goal | {
-        "met": worst["growth"] <= RSS_GROWTH_MAX,
-        "value": worst["growth"],
-        "by_process": growth,
-        "figure": (
-            f"largest: {name} {worst['first']:.0f} MB in window {base['window']} → "
-            f"{worst['max_later']:.0f} MB ({worst['growth']:+.1%}, window {worst['window']})"
-            f"{note}"
-        ),
-    }
+    return goal | _worst(growth, RSS_GROWTH_MAX, "by_process", base, lambda v: f"{v:.0f} MB", note)
 
 
 def _checkpoint_goal(windows: list[dict]) -> dict[str, Any]:
@@ -174,15 +165,30 @@ def _checkpoint_goal(windows: list[dict]) -> dict[str, Any]:
     growth = _growth(counted, base, sizes)
     if not growth:
         return goal | {"met": None, "value": None, "figure": "not evaluated: no checkpoint"}
+    return goal | _worst(
+        growth, CHECKPOINT_GROWTH_MAX, "by_table", base, lambda v: f"{v / 2**20:.2f} MiB"
+    )
+
+
+def _worst(
+    growth: dict[str, dict[str, Any]],
+    limit: float,
+    by: str,
+    base: dict,
+    unit: Callable[[float], str],
+    note: str = "",
+) -> dict[str, Any]:
+    """A growth goal's verdict: met when the largest growth in `growth` is within
+    `limit`, with that largest one as its figure."""
     name, worst = max(growth.items(), key=lambda kv: kv[1]["growth"])
-    return goal | {
-        "met": worst["growth"] <= CHECKPOINT_GROWTH_MAX,
+    return {
+        "met": worst["growth"] <= limit,
         "value": worst["growth"],
-        "by_table": growth,
+        by: growth,
         "figure": (
-            f"largest: {name} {worst['first'] / 2**20:.2f} MiB in window {base['window']} → "
-            f"{worst['max_later'] / 2**20:.2f} MiB ({worst['growth']:+.1%}, window "
-            f"{worst['window']})"
+            f"largest: {name} {unit(worst['first'])} in window {base['window']} → "
+            f"{unit(worst['max_later'])} ({worst['growth']:+.1%}, window {worst['window']})"
+            f"{note}"
         ),
     }
 
