@@ -322,12 +322,7 @@ class OpenSearchTarget:
         the position from `expected` to `to_version` (compare and set). Raises
         PositionMovedError when another sink moved it: before the writes, nothing is
         written; after them, what they changed is what their versions allowed."""
-        self.drain()
-        read = self._read_position()
-        if read is None:
-            raise self._position_deleted()
-        if read.version != expected:
-            raise PositionMovedError(read.version)
+        read = self._position_at(expected)
         inserts, retracted = split_changes(changes)
         deletes, not_held = self._deletes(retracted)
         indexed, deleted, already = self._bulk(index_operations(inserts) + deletes)
@@ -359,13 +354,7 @@ class OpenSearchTarget:
         pipeline = self._pipeline_open()
         pipeline.check()
         if self._stored is None or self._queued != expected:
-            self.drain()
-            read = self._read_position()
-            if read is None:
-                raise self._position_deleted()
-            if read.version != expected:
-                raise PositionMovedError(read.version)
-            self._stored, self._queued = read, expected
+            self._stored, self._queued = self._position_at(expected), expected
         operations = index_operations(inserts)
         body = self._position_body(to_version, None, source_commit_ms)
 
@@ -380,6 +369,17 @@ class OpenSearchTarget:
 
         self._queued = to_version
         pipeline.submit(lambda: self._bulk(operations), commit)
+
+    def _position_at(self, expected: int) -> StoredPosition:
+        """The position document once no batch is in flight; PositionMovedError unless
+        it holds `expected`."""
+        self.drain()
+        read = self._read_position()
+        if read is None:
+            raise self._position_deleted()
+        if read.version != expected:
+            raise PositionMovedError(read.version)
+        return read
 
     def check(self) -> None:
         """Raise the failure of a batch in flight that ended since the last call."""
