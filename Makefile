@@ -22,7 +22,7 @@ minio-bin: venv  ## build the pinned MinIO with `go install` (cached in ~/.cache
 	$(PY) -m deltabus minio build
 
 toxiproxy-bin: venv  ## build the pinned toxiproxy (bench --store) with `go install` (cached in ~/.cache/deltabus)
-	$(PY) -m deltabus.adapters.bench.store_profiles build
+	$(PY) -m deltabus_bench.store_profiles build
 
 minio: minio-bin  ## start a local MinIO on loopback and create the bucket (writes .env)
 	$(PY) -m deltabus minio up

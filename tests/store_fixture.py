@@ -1,5 +1,5 @@
 """toxiproxy for the store-profile tests: `$DELTABUS_TOXIPROXY_BIN`, the cached pinned
-build, or a build with `go install` (deltabus.adapters.bench.store_profiles). In CI a missing
+build, or a build with `go install` (deltabus_bench.store_profiles). In CI a missing
 toxiproxy is a failure, never a skip."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.adapters.bench.store_profiles import (
+from deltabus_bench.store_profiles import (
     TOXIPROXY_BIN_VAR,
     build_toxiproxy,
     find_toxiproxy,

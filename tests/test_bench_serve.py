@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from deltabus.adapters.bench.config import BenchConfig
-from deltabus.adapters.bench.report import console_text, report_json, serving_markdown
-from deltabus.adapters.bench.results import RunSummary
-from deltabus.adapters.bench.serving_opensearch import OpenSearchReader
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.adapters.serving.opensearch_target import DEFAULT_REFRESH_INTERVAL_MS
 from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
+from deltabus_bench.config import BenchConfig
+from deltabus_bench.report import console_text, report_json, serving_markdown
+from deltabus_bench.results import RunSummary
+from deltabus_bench.serving_opensearch import OpenSearchReader
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.opensearch_fixture import IN_CI, require_opensearch_jars
 from tests.pg_fixture import require_postgres_binaries
@@ -192,7 +192,7 @@ class FakeIndex:
 
 
 def test_opensearch_reader_counts_each_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("deltabus.adapters.bench.serving_opensearch.PAGE", 2)  # several pages
+    monkeypatch.setattr("deltabus_bench.serving_opensearch.PAGE", 2)  # several pages
     reader = OpenSearchReader("http://127.0.0.1:9201", "served", 0.01)
     # Versions 1-2 are acknowledged (position 2); version 3 is searchable already.
     index = FakeIndex([(1, "a"), (1, "b"), (2, "c"), (3, "d"), (3, "e")], position=2)
@@ -224,7 +224,7 @@ def test_configured_opensearch_gets_an_index_of_the_run(
 ) -> None:
     from pydantic import SecretStr
 
-    from deltabus.adapters.bench.delta_driver import serving_run
+    from deltabus_bench.delta_driver import serving_run
 
     url = "http://bench:s3cret@127.0.0.1:9201"
     settings = SimpleNamespace(opensearch_url=SecretStr(url), postgres_dsn=None)

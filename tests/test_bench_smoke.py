@@ -20,20 +20,20 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from deltabus.adapters.bench.analysis import SAMPLES_TABLE, recovery
-from deltabus.adapters.bench.config import (
+from deltabus.adapters.dev.minio_process import MinioServer
+from deltabus.apps.timezones.latency import percentiles
+from deltabus.apps.timezones.layout import TimezoneLayout, read_layout
+from deltabus.core.errors import ConfigError
+from deltabus.delta.lake import Lake
+from deltabus_bench.analysis import SAMPLES_TABLE, recovery
+from deltabus_bench.config import (
     BenchConfig,
     parse_backbones,
     parse_profile,
     parse_rates,
 )
-from deltabus.adapters.bench.kafka_broker import kafka_script
-from deltabus.adapters.bench.report import RUN_KEYS
-from deltabus.adapters.dev.minio_process import MinioServer
-from deltabus.apps.timezones.latency import percentiles
-from deltabus.apps.timezones.layout import Layout, read_layout
-from deltabus.core.errors import ConfigError
-from deltabus.delta.lake import Lake
+from deltabus_bench.kafka_broker import kafka_script
+from deltabus_bench.report import RUN_KEYS
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 
 pytestmark = [pytest.mark.integration]
@@ -162,7 +162,7 @@ def test_bench_smoke_store_profile(minio: MinioServer, toxiproxy: Path, tmp_path
 def test_notify_is_on_where_the_store_pushes_commit_events() -> None:
     """Pushed commit events by default for a throwaway MinIO on loopback only; an explicit
     --notify/--no-notify wins."""
-    from deltabus.adapters.bench.session import notify_for
+    from deltabus_bench.session import notify_for
 
     def config(**kwargs: object) -> BenchConfig:
         return BenchConfig(
@@ -230,7 +230,7 @@ def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:
     assert sorted(p for r in detail["etl_reports"] for p in r["partitions"]) == [0, 1]
     assert detail["partitioner"] == "hash"
     run_lake = Lake(lake.settings.with_prefix(detail["lake_prefix"]))
-    assert read_layout(run_lake) == Layout(2, "hash")
+    assert read_layout(run_lake) == TimezoneLayout(2, "hash")
     assert run_lake.exists("timezone_unified-p0") and run_lake.exists("timezone_unified-p1")
     # Keyed placement spreads every window: at 2000 msg/s and 100 ms each input partition
     # holds about half the rows (sticky would alternate whole windows).

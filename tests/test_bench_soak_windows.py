@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deltabus.adapters.bench.analysis import SAMPLES_TABLE
-from deltabus.adapters.bench.config import BenchConfig
-from deltabus.adapters.bench.histogram import MAX_MS, MIN_MS, RELATIVE_ERROR, LogHistogram
-from deltabus.adapters.bench.soak_report import evaluate_goals, in_force_after_s
-from deltabus.adapters.bench.soak_windows import SeenSet, scheduled_before
-from deltabus.adapters.bench.workload import ProducerSpec
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
 from deltabus.delta.retention import oldest_version
+from deltabus_bench.analysis import SAMPLES_TABLE
+from deltabus_bench.config import BenchConfig
+from deltabus_bench.histogram import MAX_MS, MIN_MS, RELATIVE_ERROR, LogHistogram
+from deltabus_bench.soak_report import evaluate_goals, in_force_after_s
+from deltabus_bench.soak_windows import SeenSet, scheduled_before
+from deltabus_bench.workload import ProducerSpec
 from tests.conftest import lake_env, minio_settings_for, run_cli
 
 pytestmark = [pytest.mark.slow]

@@ -18,10 +18,10 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from deltabus.adapters.bench.spark_etl import missing, transform
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.apps.timezones.etl import dates
 from deltabus.delta.lake import Lake
+from deltabus_bench.spark_etl import missing, transform
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.test_dates import CASES, UNUSUAL
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import typer
 
-from deltabus.adapters.bench.config import parse_rates
-from deltabus.adapters.bench.workload_file import load_workload
 from deltabus.adapters.cli import app
 from deltabus.core.errors import ConfigError
+from deltabus_bench.config import parse_rates
+from deltabus_bench.workload_file import load_workload
 from tests.conftest import run_cli
 
 WORKLOADS = sorted((Path(__file__).parent.parent / "workloads").glob("*.yaml"))

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table
+from deltabus_bench.store_profiles import PROFILES, StoreProxy
 from tests.conftest import minio_settings_for
 
 COMMITS = 40

@@ -14,10 +14,10 @@ import obstore
 import pytest
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.core import hedge
 from deltabus.delta.lake import Lake
+from deltabus_bench.store_profiles import PROFILES, StoreProxy
 from tests.conftest import minio_settings_for
 
 GETS = 300

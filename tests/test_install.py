@@ -198,7 +198,6 @@ def test_version_is_the_installed_one(installed: Installed, tmp_path: Path) -> N
         (["produce", "--count", "10"], "pathway"),
         (["results"], "pathway"),
         (["serve", "postgres", "--once", "--dsn", "postgresql://u@127.0.0.1:1/db"], "serve"),
-        (["bench", "--rates", "1000"], "bench"),
     ],
 )
 def test_a_command_of_a_missing_extra_names_it(
@@ -212,6 +211,25 @@ def test_a_command_of_a_missing_extra_names_it(
     command = " ".join(["deltabus", *args[: 2 if args[0] == "serve" else 1]])
     assert f"{command}" in lines[0]
     assert f"needs the {extra} extra: pip install 'deltabus[{extra}]'" in lines[0]
+
+
+def test_the_wheel_has_no_benchmark_and_says_where_it_is(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """The benchmark stays in the repository: the wheel's `deltabus bench` names where."""
+    probe = "import importlib.util; print(importlib.util.find_spec('deltabus_bench') is None)"
+    found = run([str(installed.bin / "python"), "-c", probe], env=installed.env(), cwd=tmp_path)
+    assert found.stdout.strip() == "True", found.stdout + found.stderr
+    for command in ("bench", "store-check"):
+        result = run(
+            [str(installed.bin / "deltabus"), command, "--rates", "1000"],
+            env=installed.env(),
+            cwd=tmp_path,
+        )
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "deltabus_bench" in lines[0], result.stderr
+        assert "checkout of the deltabus repository" in lines[0], result.stderr
 
 
 def _names(requirements: list[str]) -> tuple[set[str], set[str]]:

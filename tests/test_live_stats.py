@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 
-from deltabus.adapters.bench.consumer import LiveStats
 from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.delta.lake import Lake
+from deltabus_bench.consumer import LiveStats
 
 
 def test_snapshot_percentiles_match_the_samples() -> None:

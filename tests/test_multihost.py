@@ -65,7 +65,7 @@ import pyarrow as pa
 import pytest
 
 from deltabus.adapters.dev.minio_process import MinioCluster, build_minio, find_minio
-from deltabus.apps.timezones.layout import Layout, ensure_layout
+from deltabus.apps.timezones.layout import TimezoneLayout, ensure_layout
 from deltabus.bus.client import Bus
 from deltabus.bus.fence import current_epoch, epoch_owner
 from deltabus.bus.groups import Group, now_ms
@@ -87,7 +87,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "multihost"
-FOUR = Layout(4)
+FOUR = TimezoneLayout(4)
 ETL_GROUP = "etl.timezone_unified"  # deltabus.adapters.etl_lease.GROUP
 STREAM, GROUP = "events", "mh"
 EVENTS_SCHEMA = pa.schema(

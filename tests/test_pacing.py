@@ -10,10 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from deltabus.adapters.bench.cost import RequestMeter
 from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
 from deltabus.bus.pacing import Pacer
 from deltabus.delta.lake import Lake
+from deltabus_bench.cost import RequestMeter
 from tests.conftest import lake_env, minio_settings_for
 from tests.helpers import etl_process, read_unified, wait_for_file
 

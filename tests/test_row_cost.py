@@ -1,4 +1,4 @@
-"""`python -m deltabus.adapters.bench.row_cost`: the ETL's Pathway dataflow, per row."""
+"""`python -m deltabus_bench.row_cost`: the ETL's Pathway dataflow, per row."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 def test_row_cost_runs_every_cut_and_the_observer_sees_every_row() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "deltabus.adapters.bench.row_cost", "--batches", "4"],
+        [sys.executable, "-m", "deltabus_bench.row_cost", "--batches", "4"],
         capture_output=True,
         text=True,
         check=True,

@@ -1,4 +1,4 @@
-"""`python -m deltabus.adapters.bench.store_cost`: the store's own cost of P partitions."""
+"""`python -m deltabus_bench.store_cost`: the store's own cost of P partitions."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections import Counter
 import obstore
 import pytest
 
-from deltabus.adapters.bench.store_cost import REQUESTS_PER_COMMIT, measure
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.delta.lake import Lake
+from deltabus_bench.store_cost import REQUESTS_PER_COMMIT, measure
 
 
 @pytest.mark.parametrize("partitioner", ["hash", "sticky"])
@@ -50,7 +50,7 @@ def test_each_table_commit_writes_and_reads_back_its_data_and_log_entry(
 
 def test_invalid_partition_counts_are_refused_with_a_clear_error() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "deltabus.adapters.bench.store_cost", "--partitions", "0,2"],
+        [sys.executable, "-m", "deltabus_bench.store_cost", "--partitions", "0,2"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from deltabus.adapters.bench.store_check import measure
-from deltabus.adapters.bench.store_profiles import PROFILES, StoreProxy, profile
-from deltabus.adapters.bench.tail_proxy import Tail, TailStage
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.core.errors import ConfigError
 from deltabus.core.net import free_port
 from deltabus.delta.lake import Lake
+from deltabus_bench.latency_proxy import DelayStage, SlowRequests
+from deltabus_bench.store_check import measure
+from deltabus_bench.store_profiles import PROFILES, StoreProxy, profile
 from tests.conftest import minio_settings_for
 
 REQUESTS = 250  # per request class
@@ -48,7 +48,7 @@ def test_profiles_model_the_documented_distributions() -> None:
 
 def test_tail_draws_are_per_request() -> None:
     """About `probability` of the draws are delays, each from the log-normal, capped."""
-    tail = Tail(probability=0.05, median_ms=100, sigma=0.5, max_ms=300)
+    tail = SlowRequests(probability=0.05, median_ms=100, sigma=0.5, max_ms=300)
     rng = random.Random(1)
     draws = [tail.sample_ms(rng) for _ in range(20_000)]
     slow = sorted(d for d in draws if d > 0)
@@ -86,11 +86,13 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def tail_stage() -> Iterator[tuple[int, TailStage]]:
+def tail_stage() -> Iterator[tuple[int, DelayStage]]:
     """A tail stage delaying every request by exactly 30 ms, in front of `_Echo`."""
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    stage = TailStage(Tail(1.0, 30, 0.0), ("127.0.0.1", upstream.server_address[1]), seed=0)
+    stage = DelayStage(
+        SlowRequests(1.0, 30, 0.0), ("127.0.0.1", upstream.server_address[1]), seed=0
+    )
     port = free_port()
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -112,7 +114,7 @@ def tail_stage() -> Iterator[tuple[int, TailStage]]:
 
 
 def test_tail_stage_delays_each_request_on_a_kept_alive_connection(
-    tail_stage: tuple[int, TailStage],
+    tail_stage: tuple[int, DelayStage],
 ) -> None:
     """Three requests on one connection (no body, a Content-Length body, a chunked body):
     each waits its own delay, and every body arrives whole."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deltabus.adapters.bench.verdict import (
+from deltabus_bench.verdict import (
     BEHIND,
     KEEPING_UP,
     OVER_BOUND,
@@ -73,7 +73,7 @@ def test_the_bound_follows_the_commit_interval():
 
 
 def test_minio_request_counters_become_billing_classes():
-    from deltabus.adapters.bench.cost import cost_summary, daily_request_cost, parse_metrics
+    from deltabus_bench.cost import cost_summary, daily_request_cost, parse_metrics
 
     text = "\n".join(
         [

@@ -23,7 +23,6 @@ from dagster_duckdb import DuckDBResource
 from pydantic import Field
 
 from assets.common import OWNERS, PIPELINE_GROUP, PRODUCER_RUNS, markdown_table
-from deltabus.adapters.bench.plots import latency_over_time
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
 from deltabus.apps.timezones.latency import (
     PERCENTILES,
@@ -32,6 +31,7 @@ from deltabus.apps.timezones.latency import (
     percentiles,
     unified_samples,
 )
+from deltabus_bench.plots import latency_over_time
 from resources.lake import LakeResource
 
 LATENCY_ASSET = "latency_percentiles"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -12,8 +14,6 @@ from typing import Annotated
 
 import typer
 
-from deltabus.adapters.bench.command import bench as bench_command
-from deltabus.adapters.bench.command import store_check as store_check_command
 from deltabus.adapters.cli_state import emit, lake, state
 from deltabus.adapters.serving.opensearch_cli import opensearch_app, serve_opensearch
 from deltabus.adapters.streams_cli import consume_stream, groups_app, produce_stream, streams_app
@@ -848,11 +848,41 @@ def postgres_down(
     print(down(data_dir))
 
 
-# `deltabus bench`: the latency benchmark harness. Its options live in
-# deltabus/adapters/bench/command.py, which imports only typer; Pathway, matplotlib and
-# Kafka load when the command runs.
-app.command("bench")(needs_extra("bench", "deltabus bench")(bench_command))
-app.command("store-check")(needs_extra("bench", "deltabus store-check")(store_check_command))
+# Commands of packages that live beside the engine, added when they are importable. The
+# repository's benchmark (`deltabus_bench/`, not in the wheel) adds `bench` and
+# `store-check` this way, so the engine never imports it (docs/adr/0049-benchmark-package.md).
+COMMAND_PLUGINS = {"deltabus_bench.command": ("bench", "store-check")}
+
+
+def _absent_plugin_command(name: str, module: str) -> None:
+    """Register `name` as a command that says where the absent plugin comes from."""
+    package = module.partition(".")[0]
+
+    @app.command(
+        name,
+        hidden=True,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def absent() -> None:
+        raise ConfigError(
+            f"deltabus {name}: the benchmark ({package}) is not installed; it is not part of "
+            "the deltabus package",
+            "run it from a checkout of the deltabus repository: `make venv`, then "
+            f"`.venv/bin/deltabus {name} --help`",
+        )
+
+
+def _add_plugin_commands() -> None:
+    for module, commands in COMMAND_PLUGINS.items():
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:
+            importlib.import_module(module).register(app)
+        else:
+            for name in commands:
+                _absent_plugin_command(name, module)
+
+
+_add_plugin_commands()
 
 
 _terminated: list[int] = []  # the signal that ended the command, if SIGTERM did

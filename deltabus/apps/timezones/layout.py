@@ -220,6 +220,3 @@ def _get(lake: Lake) -> bytes | None:
         return bytes(obstore.get(lake.object_store, LAYOUT_KEY).bytes())
     except FileNotFoundError:
         return None
-
-
-Layout = TimezoneLayout  # the name deltabus.adapters.bench and some tests import

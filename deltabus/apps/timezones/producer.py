@@ -450,6 +450,3 @@ class TimezoneProducer:
             resumed_from=resumed_from,
             partitions=self.layout.partitions,
         )
-
-
-Producer = TimezoneProducer  # the name deltabus.adapters.bench imports
