@@ -27,7 +27,8 @@ from deltabus.delta.checkpoint_state import TableState, Unsupported, parse_inter
 from deltabus.delta.checkpoint_writer import CheckpointWriter, cleanup_expired_logs
 from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import DeltaLog, TableFiles, concat, parse_actions, snapshot_at
+from deltabus.delta.snapshots import DeltaLog, parse_actions, snapshot_at
+from deltabus.delta.table_files import TableFiles, concat
 from deltabus.delta.tables import ensure_table, metadata
 from tests.helpers import unified_rows as rows
 from tests.test_spark_interop import s3a, spark  # noqa: F401 - fixture

@@ -110,15 +110,15 @@ def test_old_import_paths_name_the_same_classes() -> None:
     from deltabus.bus.fence import FencedError
     from deltabus.bus.producer import BufferFullError, RecordError
     from deltabus.bus.tail import UnreadableFileError
-    from deltabus.core.retry import StoppedDuringOutage
-    from deltabus.delta.append import VersionTakenError
-    from deltabus.delta.compaction import CompactionConflict
-    from deltabus.delta.protocol import (
+    from deltabus.core.errors import (
         ChangeWithoutCdfError,
         InputTableError,
         RemovedFileError,
         UnsupportedFeatureError,
     )
+    from deltabus.core.retry import StoppedDuringOutage
+    from deltabus.delta.append import VersionTakenError
+    from deltabus.delta.compaction import CompactionConflict
     from deltabus.delta.retention import RetentionConflict
 
     old = [

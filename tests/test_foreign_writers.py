@@ -26,15 +26,10 @@ from deltalake import DeltaTable, TableFeatures, write_deltalake
 from deltabus.apps.timezones.contracts import INPUT_TABLES, REJECTS_TABLE, UNIFIED_TABLE
 from deltabus.apps.timezones.etl.positions import position_marker
 from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
+from deltabus.delta.change_plan import plan_changes
+from deltabus.delta.deletion_vectors import decode_roaring_array, dv_relative_path, z85_decode
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import (
-    TableState,
-    decode_roaring_array,
-    dv_relative_path,
-    parse_partition_value,
-    plan_changes,
-    z85_decode,
-)
+from deltabus.delta.table_schema import TableState, parse_partition_value
 from tests.conftest import lake_env
 from tests.helpers import etl_process, read_table, wait_for_file
 
@@ -637,7 +632,7 @@ def test_change_plans_follow_the_protocol() -> None:
 
 def test_snapshot_from_checkpoint_and_commits(local_lake: Lake) -> None:
     """Table state as of a version: checkpoint + later commits, as deltalake sees it."""
-    from deltabus.delta.protocol import DeltaLog, snapshot_at
+    from deltabus.delta.snapshots import DeltaLog, snapshot_at
 
     uri = local_lake.uri("timezone1")
     write_deltalake(uri, rows("a", 10), configuration=CDF)

@@ -20,8 +20,8 @@ import deltabus
 from deltabus.bus.admin import reset_offsets
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import DeltaLog, parse_actions
 from deltabus.delta.retention import RETENTION_APP_ID, oldest_version
+from deltabus.delta.snapshots import DeltaLog, parse_actions
 from tests.conftest import lake_env, run_cli
 from tests.helpers import read_inputs, read_unified
 

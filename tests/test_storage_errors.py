@@ -26,7 +26,7 @@ from deltabus.core.errors import ConfigError
 from deltabus.core.net import free_port
 from deltabus.core.settings import load_settings
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import RangedFile
+from deltabus.delta.table_files import RangedFile
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 
 COMMANDS = [

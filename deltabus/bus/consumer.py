@@ -44,11 +44,11 @@ from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease
 from deltabus.bus.streams import Stream
 from deltabus.bus.tail import DeltaLogTail
 from deltabus.core import metrics
-from deltabus.core.errors import ConfigError, OffsetOutOfRangeError
+from deltabus.core.errors import ConfigError, OffsetOutOfRangeError, RemovedFileError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import DeltaLog, RemovedFileError, parse_actions
 from deltabus.delta.retention import oldest_version
+from deltabus.delta.snapshots import DeltaLog, parse_actions
 
 log = logging.getLogger(__name__)
 LAG_EXPORT_S = 5.0  # lag gauges are refreshed at most this often (a log listing each)

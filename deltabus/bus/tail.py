@@ -7,7 +7,7 @@ rebuilding the table snapshot on every poll, which is what kept the ETL and MinI
 at high rates.
 
 Inputs may be written by other Delta writers, so every commit is read as the protocol
-says (deltabus.delta.protocol): the reader version and features are checked on start and
+says (deltabus.delta.reader_features): the reader version and features are checked on start and
 at every `protocol` / `metaData` action (an unsupported one raises before anything of
 that version is returned); partition columns are rebuilt from the log and column mapping
 is honoured; a commit that deletes or updates rows yields them as retractions (`_diff`
@@ -35,24 +35,20 @@ import numpy as np
 import pyarrow as pa
 
 from deltabus.core import hedge, metrics
-from deltabus.core.errors import DeltabusError, StorageError, user_storage_error
+from deltabus.core.errors import (
+    ChangeWithoutCdfError,
+    DeltabusError,
+    InputTableError,
+    StorageError,
+    user_storage_error,
+)
 from deltabus.core.errors import UnreadableFileError as UnreadableFileError
 from deltabus.core.retry import is_transient
+from deltabus.delta.change_plan import FilePart, plan_changes
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import (
-    NEXT_DATA_FILE,
-    ChangeWithoutCdfError,
-    DeltaLog,
-    FilePart,
-    InputTableError,
-    Snapshot,
-    TableFiles,
-    TableState,
-    concat,
-    parse_actions,
-    plan_changes,
-    snapshot_at,
-)
+from deltabus.delta.snapshots import NEXT_DATA_FILE, DeltaLog, Snapshot, parse_actions, snapshot_at
+from deltabus.delta.table_files import TableFiles, concat
+from deltabus.delta.table_schema import TableState
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Child processes of the engine: their command lines, environment, start, ready, stop.
 
-The ETL always runs as its own process (`deltabus etl`), launched by the demo, the
-service, Dagster and the benchmark; they all build its command, its environment and its
-ready-wait here, so they cannot drift apart.
+Every layer that starts a `deltabus` child (the demo, the service, Dagster, the
+benchmark) builds its environment and waits for it to be ready here, so they cannot
+drift apart; what each command's arguments are belongs to the layer that owns it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from deltabus.core.version import __version__
 from deltabus.delta.checkpoints import NO_POST_COMMIT_HOOKS, BackgroundCheckpointer
 from deltabus.delta.lake import Lake
 from deltabus.delta.parquet_io import parquet_buffer
-from deltabus.delta.protocol import NEXT_DATA_FILE, parse_actions
+from deltabus.delta.snapshots import NEXT_DATA_FILE, parse_actions
 from deltabus.delta.tables import is_commit_conflict
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltabus.delta.protocol import parse_actions
+from deltabus.delta.snapshots import parse_actions
 
 Actions = Mapping[str, list[dict[str, Any]]]
 

@@ -36,7 +36,8 @@ from deltabus.core.version import __version__
 from deltabus.delta.append import data_file_name, eligible, file_stats, protocol_and_metadata
 from deltabus.delta.lake import Lake
 from deltabus.delta.parquet_io import parquet_buffer
-from deltabus.delta.protocol import parse_actions, without_views
+from deltabus.delta.snapshots import parse_actions
+from deltabus.delta.table_files import without_views
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from deltabus.core.version import __version__
 from deltabus.delta.append import eligible, protocol_and_metadata
 from deltabus.delta.compaction import commit_beside
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import DeltaLog, parse_actions
+from deltabus.delta.snapshots import DeltaLog, parse_actions
 
 log = logging.getLogger(__name__)
 

@@ -133,7 +133,7 @@ def unified_lag(lake: Lake, position: int) -> dict[str, Any]:
     import time
 
     from deltabus.bus.tail import DeltaLogTail
-    from deltabus.delta.protocol import parse_actions
+    from deltabus.delta.snapshots import parse_actions
 
     latest = lake.open(UNIFIED_TABLE).version()
     lag_s: float | None = 0.0

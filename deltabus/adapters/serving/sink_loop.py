@@ -35,7 +35,7 @@ from deltabus.core.errors import ConfigError, DeltabusError
 from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import concat
+from deltabus.delta.table_files import concat
 
 log = logging.getLogger(__name__)
 

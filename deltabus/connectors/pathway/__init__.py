@@ -5,7 +5,7 @@ For other inputs and outputs: `TableTail` is the input every deltabus Pathway so
 builds on (one Delta table tailed, one GET per poll), and `TableSink` the exactly-once
 output, writing an `Output` that `open_output` created, claimed and read the positions
 of. `TableTail.emit` gets the table's `deltabus.bus.tail.DeltaLogTail` and its new
-`deltabus.bus.tail.Commit`s (`deltabus.delta.protocol.concat` and `without_views` shape
+`deltabus.bus.tail.Commit`s (`deltabus.delta.table_files.concat` and `without_views` shape
 the rows it reads). The time-zone ETL is built on these.
 """
 

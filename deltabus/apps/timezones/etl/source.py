@@ -32,7 +32,7 @@ from deltabus.connectors.pathway import TableTail
 from deltabus.core.errors import DeltabusError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
-from deltabus.delta.protocol import concat, without_views
+from deltabus.delta.table_files import concat, without_views
 from deltabus.delta.tables import meta
 
 log = logging.getLogger(__name__)
