@@ -1,3 +1,3 @@
-from deltabus.adapters.cli import main
+from deltabus.cli import main
 
 main()

@@ -101,7 +101,7 @@ def bench(
     etl: opt.Etl = "pathway",
     store: opt.Store = "loopback",
 ) -> None:
-    from deltabus.adapters import cli_state as cli
+    from deltabus.cli import state as cli
     from deltabus_bench.config import parse_backbones
 
     require_bench_extra(kafka="kafka" in parse_backbones(backbone))
@@ -269,7 +269,7 @@ def store_check(
 ) -> None:
     import tempfile
 
-    from deltabus.adapters import cli_state as cli
+    from deltabus.cli import state as cli
     from deltabus.core.errors import ConfigError
     from deltabus_bench.environment import minio_configured, throwaway_minio
     from deltabus_bench.store_check import check, check_markdown

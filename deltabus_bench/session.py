@@ -20,7 +20,7 @@ def compare_layouts(
     config, text: str, rounds: int, *, local_minio: bool | None, progress: bool
 ) -> None:
     """--layouts: the alternating comparison (bench.layouts), printed as a table."""
-    from deltabus.adapters import cli_state as cli
+    from deltabus.cli import state as cli
     from deltabus.core.errors import ConfigError
     from deltabus_bench.layouts import compare, parse_layouts
 

@@ -468,7 +468,7 @@ def test_bench_without_its_extra_says_how_to_install_it(tmp_path: Path, absent: 
     """Without the `bench` extra, `deltabus bench` is one clear error (exit 2) before any
     run; confluent-kafka is needed only for the Kafka backbone."""
     blocked = f"import sys; sys.modules[{absent!r}] = None"  # as if it were not installed
-    run = f"{blocked}; from deltabus.adapters.cli import main; main()"
+    run = f"{blocked}; from deltabus.cli import main; main()"
     env = {**os.environ, "DELTABUS_ENV_FILE": os.devnull, "DELTABUS_STORAGE": "local"}
     for backbone, refused in (("delta", absent == "matplotlib"), ("kafka", True)):
         # An invalid profile: past the extra's check, the run is refused before it starts.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from deltabus.adapters.cli import app
+from deltabus.cli import app
 from deltabus.core.errors import ConfigError
 from deltabus_bench.config import parse_rates
 from deltabus_bench.workload_file import load_workload

@@ -122,7 +122,7 @@ def test_the_wheel_ships_only_the_deltabus_package(installed: Installed) -> None
         metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
     tops = {n.split("/")[0] for n in names}
     assert tops == {"deltabus", f"deltabus-{__version__}.dist-info"}, sorted(tops)
-    assert "deltabus/adapters/cli.py" in names
+    assert "deltabus/cli/main.py" in names
     requires = [
         line.split(":", 1)[1].strip()
         for line in metadata.decode().splitlines()
@@ -169,7 +169,7 @@ def test_import_loads_no_extra_and_none_is_installed(installed: Installed, tmp_p
     probe = f"""
 import importlib.util, json, sys
 import deltabus
-import deltabus.adapters.cli
+import deltabus.cli
 print(json.dumps({{
     "file": deltabus.__file__,
     "loaded": sorted(m for m in sys.modules if m.split(".")[0] in {extras!r} + ["pandas"]),

@@ -174,7 +174,7 @@ def command_paths() -> list[tuple[str, ...]]:
     """Every command of `deltabus`, as argument paths, in the order `--help` lists them."""
     import typer
 
-    from deltabus.adapters.cli import app
+    from deltabus.cli import app
 
     paths: list[tuple[str, ...]] = []
 

@@ -1,29 +1,18 @@
-"""`deltabus streams|groups` and the stream modes of `produce` and `consume`: a user's own
-streams from the command line, as JSON lines."""
+"""`deltabus streams`: declare, inspect, alter, maintain and delete streams of your own."""
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 import sys
-import time
-import uuid
-from collections.abc import Iterator
-from datetime import date, datetime
 from enum import StrEnum
-from typing import IO, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
-from deltabus.adapters.cli_state import lake, state
-from deltabus.core import health
+from deltabus.cli.state import open_bus, print_value
 from deltabus.core.errors import ConfigError
 
-log = logging.getLogger("deltabus")
-
 streams_app = typer.Typer(help="Declare and inspect streams of your own.", no_args_is_help=True)
-groups_app = typer.Typer(help="Inspect consumer groups.", no_args_is_help=True)
 
 SIMPLE_TYPES = {
     "bool": "bool_",
@@ -94,16 +83,6 @@ def _split_columns(text: str) -> list[str]:
     return parts
 
 
-def _bus():  # noqa: ANN202 - deltabus.Bus, imported late to keep --help fast
-    from deltabus.bus.client import Bus
-
-    return Bus(lake(write=True))
-
-
-def _print(value: object) -> None:
-    print(json.dumps(value, default=str, indent=None if state.as_json else 2))
-
-
 RETENTION_S_OPTION = typer.Option(
     help="Drop records committed more than this many seconds ago, as whole data files, at "
     "lake maintenance (Kafka's retention.ms, in seconds; default: keep forever).",
@@ -167,7 +146,7 @@ def streams_create(
     refused."""
     from deltabus.bus.streams import StreamSettings
 
-    bus = _bus()
+    bus = open_bus()
     given = {
         "log_retention_s": log_retention_s,
         "checkpoint_interval": checkpoint_interval,
@@ -189,24 +168,24 @@ def streams_create(
         settings=settings,
         partitioner=partitioner.value,
     )
-    _print(_described(stream))
+    print_value(_described(stream))
 
 
 @streams_app.command("list")
 def streams_list() -> None:
     """The streams declared in the lake."""
-    for name in _bus().streams():
+    for name in open_bus().streams():
         print(name)
 
 
 @streams_app.command("describe")
 def streams_describe(name: Annotated[str, typer.Argument(help="Stream name.")]) -> None:
     """A stream's declaration, and each partition table's latest version."""
-    bus = _bus()
+    bus = open_bus()
     stream = bus.stream(name)
     described = _described(stream)
     described["versions"] = {t: bus.lake.open(t).version() for t in stream.tables}
-    _print(described)
+    print_value(described)
 
 
 @streams_app.command("alter")
@@ -290,7 +269,7 @@ def streams_alter(
             "--no-retention, --log-retention-s, --lake-log-retention, --checkpoint-interval, "
             "--lake-checkpoint-interval or --compaction/--no-compaction",
         )
-    _print(_described(_bus().alter_stream(name, **changes)))
+    print_value(_described(open_bus().alter_stream(name, **changes)))
 
 
 @streams_app.command("maintain")
@@ -311,8 +290,8 @@ def streams_maintain(
     """Maintain every declared stream, or NAME: per partition table, drop the records past
     its retention, compact (unless its compaction is off), checkpoint, clean up expired
     log files and vacuum. Prints what each did as JSON."""
-    done = _bus().maintain(name, vacuum_retention_hours=vacuum_retention_hours)
-    _print({"streams": [d.as_dict() for d in done]})
+    done = open_bus().maintain(name, vacuum_retention_hours=vacuum_retention_hours)
+    print_value({"streams": [d.as_dict() for d in done]})
 
 
 @streams_app.command("delete")
@@ -326,7 +305,7 @@ def streams_delete(
     positions in them, and its declaration. Asks first unless --yes; cannot be undone."""
     from deltabus.bus.admin import stream_objects
 
-    bus = _bus()
+    bus = open_bus()
     stream = bus.stream(name)
     found = stream_objects(bus.lake, stream)
     size = sum(b for _, b in found)
@@ -340,244 +319,10 @@ def streams_delete(
             raise ConfigError(f"would delete {what}", "confirm with --yes")
         typer.confirm(f"Delete {what}?", abort=True, err=True)
     objects, removed = bus.delete_stream(name)
-    _print({"deleted": name, "objects": objects, "bytes": removed})
+    print_value({"deleted": name, "objects": objects, "bytes": removed})
 
 
 def _described(stream: Any) -> dict[str, Any]:
     record = stream.record()
     record.pop("schema_ipc")
     return {**record, "revision": stream.revision, "tables": stream.tables}
-
-
-@groups_app.command("list")
-def groups_list() -> None:
-    """The consumer groups with members or positions in the lake."""
-    for name in _bus().groups():
-        print(name)
-
-
-@groups_app.command("delete")
-def groups_delete(group: Annotated[str, typer.Argument(help="Consumer group name.")]) -> None:
-    """Delete a consumer group's positions and leases; refused while it has live
-    members."""
-    _print({"deleted": group, "objects": _bus().delete_group(group)})
-
-
-@groups_app.command("reset-offsets")
-def groups_reset_offsets(
-    group: Annotated[str, typer.Argument(help="Consumer group name.")],
-    stream: Annotated[
-        list[str] | None, typer.Option(help="Only these streams (default: every stream).")
-    ] = None,
-    to_earliest: Annotated[
-        bool,
-        typer.Option("--to-earliest", help="From the oldest version each table's retention keeps."),
-    ] = False,
-    to_latest: Annotated[
-        bool, typer.Option("--to-latest", help="Only what lands from now on.")
-    ] = False,
-    to_datetime: Annotated[
-        str | None,
-        typer.Option(
-            help="From the first version committed at or after this ISO-8601 instant "
-            "with a zone, e.g. 2026-11-28T06:00:00Z."
-        ),
-    ] = None,
-    to_version: Annotated[
-        int | None, typer.Option(help="From this version of each partition table.", min=0)
-    ] = None,
-    partition: Annotated[
-        int | None, typer.Option(help="Only this partition of each stream.", min=0)
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Show the new positions; write nothing.")
-    ] = False,
-) -> None:
-    """Set a group's positions, as kafka-consumer-groups --reset-offsets does; refused
-    while the group has live members. Prints each partition's position before and after."""
-    from datetime import datetime
-
-    chosen = [
-        (flag, value)
-        for flag, value in (
-            ("earliest", to_earliest or None),
-            ("latest", to_latest or None),
-            ("datetime", to_datetime),
-            ("version", to_version),
-        )
-        if value is not None
-    ]
-    if len(chosen) != 1:
-        raise ConfigError(
-            "give exactly one of --to-earliest, --to-latest, --to-datetime, --to-version"
-        )
-    to, value = chosen[0]
-    if to == "datetime":
-        try:
-            value = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            raise ConfigError(
-                f"--to-datetime {to_datetime!r} is not an ISO-8601 instant",
-                "e.g. 2026-11-28T06:00:00Z",
-            ) from None
-    bus = _bus()
-    names = stream if stream else bus.streams()
-    resets = bus.reset_offsets(
-        group,
-        names,
-        to,
-        value,
-        partition=partition,
-        dry_run=dry_run,  # type: ignore[arg-type]
-    )
-    _print(
-        {
-            "group": group,
-            "dry_run": dry_run,
-            "partitions": {r.table: {"before": r.before, "after": r.after} for r in resets},
-        }
-    )
-
-
-@groups_app.command("describe")
-def groups_describe(
-    group: Annotated[str, typer.Argument(help="Consumer group name.")],
-    stream: Annotated[
-        list[str] | None, typer.Option(help="Only these streams (default: every stream).")
-    ] = None,
-) -> None:
-    """A group's live members, and per partition its holder, position and lag (versions
-    and records landed that the group has not committed)."""
-    _print(_bus().describe_group(group, stream))
-
-
-# -- produce and consume -------------------------------------------------------------------
-
-
-def _record(line: str, number: int, types: dict[str, Any]) -> dict[str, Any]:
-    """One JSON line as a record: ISO text in timestamp and date columns becomes their
-    value; numbers there are taken in the column's unit."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"line {number}: not JSON ({exc.msg})", "give one JSON object per line"
-        ) from None
-    if not isinstance(record, dict):
-        raise ConfigError(f"line {number}: not a JSON object", "give one JSON object per line")
-    for name, kind in types.items():
-        value = record.get(name)
-        if isinstance(value, str) and kind in ("timestamp", "date"):
-            try:
-                parsed = datetime.fromisoformat(value)
-                record[name] = parsed.date() if kind == "date" else parsed
-            except ValueError:
-                raise ConfigError(
-                    f"line {number}: {name} is not an ISO date or time: {value!r}",
-                    "write e.g. 2026-11-26T12:00:00Z, or a number in the column's unit",
-                ) from None
-    return record
-
-
-def produce_stream(
-    name: str, producer_id: str | None, commit_interval_ms: float, lines: IO[str]
-) -> None:
-    """Send stdin's JSON lines to stream `name`, one record per non-blank line; with a
-    producer id seen before, the records it already committed are skipped, counted as
-    records, not lines (rerun with the same input to finish it)."""
-    import pyarrow as pa
-
-    from deltabus.bus.producer import RecordError
-
-    bus = _bus()
-    stream = bus.stream(name)
-    types = {
-        f.name: "timestamp"
-        if pa.types.is_timestamp(f.type)
-        else "date"
-        if pa.types.is_date(f.type)
-        else ""
-        for f in stream.schema
-    }
-    pid = producer_id or f"cli-{uuid.uuid4().hex[:12]}"
-    producer = bus.producer(name, pid, int(commit_interval_ms))
-    health.mark_ready()
-    skip = producer.committed
-    if skip:
-        log.info("producer %s committed %d records before: skipping that many", pid, skip)
-    number = records = 0
-    try:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            records += 1
-            if records <= skip:
-                continue
-            try:
-                producer.send(_record(line, number, types))
-            except RecordError as exc:
-                raise ConfigError(f"line {number}: {exc.problem}", exc.hint) from None
-    except ConfigError as exc:
-        committed = producer.flush()
-        producer.close()
-        raise ConfigError(
-            f"{exc.problem}; the {committed} records before it are committed, nothing after",
-            f"{exc.hint}; then run again with --producer-id {pid} and the same input to "
-            "send the rest",
-        ) from None
-    producer.close()
-    report = {"stream": name, "producer_id": pid, "committed": producer.committed, "skipped": skip}
-    print(json.dumps(report), file=sys.stderr if not state.as_json else sys.stdout)
-
-
-def consume_stream(
-    name: list[str],
-    group: str,
-    start: str,
-    max_records: int | None,
-    idle_exit_s: float | None,
-    auto_offset_reset: str = "latest",
-) -> None:
-    """Write the streams' records as JSON lines (columns, `diff`, `_stream`,
-    `_partition`, `_version`), committing after each batch is written; a position behind
-    the retention is moved as `auto_offset_reset` says (or stops the command)."""
-    bus = _bus()
-    consumer = bus.consumer(
-        name, group, start=start, auto_commit=False, auto_offset_reset=auto_offset_reset
-    )
-    health.mark_ready()  # a member of the group
-    written, idle_since = 0, time.monotonic()
-    try:
-        while max_records is None or written < max_records:
-            batch = consumer.poll(0.5)
-            if batch is None:
-                consumer.commit()  # past commits that changed no rows, if any were read
-                if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
-                    break
-                continue
-            idle_since = time.monotonic()
-            for row in _rows(batch):
-                sys.stdout.write(json.dumps(row, default=_plain) + "\n")
-                written += 1
-            sys.stdout.flush()
-            consumer.commit()
-    finally:
-        consumer.close()
-
-
-def _rows(batch: Any) -> Iterator[dict[str, Any]]:
-    for row in batch.rows.to_pylist():
-        yield {
-            **row,
-            "_stream": batch.stream,
-            "_partition": batch.partition,
-            "_version": batch.version,
-        }
-
-
-def _plain(value: object) -> object:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)

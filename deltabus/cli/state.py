@@ -1,9 +1,8 @@
 """What every `deltabus` command shares: the global options, the settings, the lake, and
 how a report is printed.
 
-Kept apart from deltabus.adapters.cli so that commands defined in other modules
-(`deltabus bench`, `deltabus serve opensearch`) can use them without importing the CLI
-module that registers them.
+Every command module, and a plugin's (`deltabus bench`), uses these without importing
+the module that assembles the command line.
 """
 
 from __future__ import annotations
@@ -64,3 +63,15 @@ def emit(title: str, report: dict) -> None:
     width = max(len(k) for k in report) if report else 0
     for key, value in report.items():
         print(f"  {key.ljust(width)}  {value}")
+
+
+def print_value(value: object) -> None:
+    """Print `value` as JSON: one line with --json, indented otherwise."""
+    print(json.dumps(value, default=str, indent=None if state.as_json else 2))
+
+
+def open_bus():  # noqa: ANN201 - deltabus.Bus, imported late to keep --help fast
+    """The bus on the configured lake, checked writable."""
+    from deltabus.bus.client import Bus
+
+    return Bus(lake(write=True))

@@ -1,9 +1,5 @@
-"""`deltabus opensearch up|down` and `deltabus serve opensearch`, registered by
-adapters.cli.
-
-Imports only typer and the standard library at load time: the OpenSearch client loads
-when a command runs.
-"""
+"""`deltabus serve postgres|opensearch`: keep a database equal to the unified stream,
+exactly once. The database clients load when a command runs."""
 
 from __future__ import annotations
 
@@ -14,52 +10,143 @@ from typing import Annotated
 
 import typer
 
-from deltabus.adapters.cli_state import lake, state
+from deltabus.cli.state import emit, lake
+from deltabus.core import metrics
 from deltabus.core.errors import ConfigError
 from deltabus.core.extras import needs_extra
 from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS, from_ms
 
-DEFAULT_DATA_DIR = Path(".deltabus/opensearch")
-
-opensearch_app = typer.Typer(
-    help="A local OpenSearch node on loopback for development.", no_args_is_help=True
+serve_app = typer.Typer(
+    help="Serve the unified stream in an operational database, exactly once.",
+    no_args_is_help=True,
 )
 
 
-@opensearch_app.command("up")
-@needs_extra("serve", "deltabus opensearch up")
-def opensearch_up(
-    data_dir: Annotated[
-        Path, typer.Option(help="Where the node keeps its data, config and log.")
-    ] = DEFAULT_DATA_DIR,
-) -> None:
-    """Start a local OpenSearch node on loopback for the index sink (Java 17; its jars
-    are fetched with Maven into ~/.cache/deltabus once).
+def postgres_dsn(dsn: str | None) -> str:
+    """--dsn, else DELTABUS_POSTGRES_DSN; a clear error when neither is set."""
+    from deltabus.cli.state import settings as load
 
-    Without DELTABUS_OPENSEARCH_URL, starts one on a free port of 9201-9299 and appends
-    its URL to .env.
-    """
-    from deltabus.adapters.dev.opensearch import opensearch_up as up
-
-    print(up(state.env_file, data_dir))
+    configured = load().postgres_dsn
+    if dsn:
+        return dsn
+    if configured is None:
+        raise ConfigError(
+            "no PostgreSQL configured for the serving sink",
+            "set DELTABUS_POSTGRES_DSN (postgresql://USER:PASSWORD@HOST:PORT/DATABASE), or "
+            "start a local one with `deltabus postgres up` (make postgres)",
+        )
+    return configured.get_secret_value()
 
 
-@opensearch_app.command("down")
-@needs_extra("serve", "deltabus opensearch down")
-def opensearch_down(
-    data_dir: Annotated[Path, typer.Option(help="The data directory given to `up`.")] = (
-        DEFAULT_DATA_DIR
+@serve_app.command("postgres")
+@needs_extra("serve", "deltabus serve postgres")
+def serve_postgres(
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow/--once",
+            help="--follow: keep serving new commits until SIGTERM / Ctrl-C; --once: catch "
+            "up to the unified version current at start, then stop.",
+        ),
+    ] = True,
+    dsn: Annotated[
+        str | None,
+        typer.Option(
+            help="libpq connection string; default DELTABUS_POSTGRES_DSN (prefer it: a "
+            "password on a command line is visible to other users of the machine)."
+        ),
+    ] = None,
+    table: Annotated[str, typer.Option(help="The served table (created when missing).")] = (
+        "served_unified"
     ),
+    poll_interval_ms: Annotated[
+        float, typer.Option(help="Poll timezone_unified for new versions this often (ms).")
+    ] = DEFAULT_POLL_INTERVAL_MS,
+    max_versions: Annotated[
+        int, typer.Option(help="At most this many unified versions per transaction.")
+    ] = 50,
+    ready_file: Annotated[
+        Path | None, typer.Option(help="Create this file once the sink is following.")
+    ] = None,
+    lease: Annotated[
+        bool,
+        typer.Option(
+            "--lease",
+            help="Run as one of several replicas of this sink (same --table, same server): "
+            "the replica holding the lease in the lake serves, the others stand by and take "
+            "over within the lease time when it dies, from the position stored in "
+            "PostgreSQL. Needs --follow.",
+        ),
+    ] = False,
+    lease_ttl_s: Annotated[
+        float,
+        typer.Option(
+            help="With --lease: an active replica not heard from for this long loses the "
+            "lease to a standby (1 .. 600 s).",
+        ),
+    ] = 10.0,
 ) -> None:
-    """Stop the local OpenSearch node started by `deltabus opensearch up`."""
-    from deltabus.adapters.dev.opensearch import opensearch_down as down
+    """Keep a PostgreSQL table equal to timezone_unified's net content, exactly once.
 
-    print(down(data_dir))
+    Retractions delete rows, insertions upsert them (key: message); the sink's position
+    (the unified version applied) commits in the same transaction as the rows.
+    """
+    import threading
+
+    from deltabus.adapters.serving import pg
+    from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
+
+    metrics.set_component("serve-postgres")
+    from deltabus.adapters.serving.postgres_target import check_table_name
+
+    if not 1 <= max_versions <= 10_000:
+        raise ConfigError("--max-versions must be 1..10000")
+    config = ServeConfig(
+        table=check_table_name(table),
+        follow=follow,
+        poll_interval=from_ms(poll_interval_ms, "poll interval"),
+        max_versions_per_txn=max_versions,
+        ready_file=ready_file,
+    )
+    url = postgres_dsn(dsn)
+    pg.parse(url)
+    if lease and not follow:
+        raise ConfigError(
+            "--lease runs until stopped: it needs --follow",
+            "leave out --once, or run a catch-up sink without --lease",
+        )
+    lk = lake(write=lease)  # a replica writes its heartbeat and lease to the lake
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        if lease:
+            from deltabus.adapters.serving.sink_lease import SinkLease, lease_group
+
+            group = lease_group("postgres", config.table, pg.describe(url))
+            report = SinkLease(lk, group, lease_ttl_s).run(
+                stop, lambda serving: PostgresSink(lk, url, config, serving).run().as_dict()
+            )
+        else:
+            report = PostgresSink(lk, url, config, stop).run().as_dict()
+    except Exception as exc:
+        error = pg.user_error(exc, url)
+        if error is None:
+            raise
+        raise type(error)(pg.redact(error.problem, url), error.hint) from None
+    if not follow:  # the served row count next to the unified table's net content
+        from deltabus.adapters.serving.compare import unified_net_count
+
+        items = list(report.items())
+        at = [k for k, _ in items].index("served_rows") + 1
+        items.insert(at, ("unified_net_rows", unified_net_count(lk)))
+        report = dict(items)
+    emit("serve report", report)
 
 
 def opensearch_url(url: str | None) -> str:
     """--url, else DELTABUS_OPENSEARCH_URL; a clear error when neither is set."""
-    from deltabus.adapters.cli_state import settings as load
+    from deltabus.cli.state import settings as load
 
     if url:
         return url
@@ -140,11 +227,11 @@ def serve_opensearch(
     each write carries the unified version as its external version, and the sink's
     position is a document of deltabus_sink_position.
     """
-    from deltabus.adapters.cli_state import emit
     from deltabus.adapters.serving import opensearch_connection as osc
     from deltabus.adapters.serving.opensearch import OpenSearchSink
     from deltabus.adapters.serving.opensearch_documents import check_index_name
     from deltabus.adapters.serving.sink_loop import ServeConfig
+    from deltabus.cli.state import emit
     from deltabus.core import metrics
 
     metrics.set_component("serve-opensearch")
@@ -198,3 +285,6 @@ def serve_opensearch(
         items.insert(at, ("unified_net_rows", unified_net_count(lk)))
         report = dict(items)
     emit("serve report", report)
+
+
+serve_app.command("opensearch")(needs_extra("serve", "deltabus serve opensearch")(serve_opensearch))
