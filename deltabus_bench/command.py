@@ -210,11 +210,11 @@ def _refuse_unsupported(config: BenchConfig, layouts: str | None) -> None:
                 "with it",
                 "drop --layouts, or use --etl pathway",
             )
-        from deltabus_bench.spark_etl import require
+        from deltabus_bench.delta.spark_etl import require
 
         require()  # pyspark, Java and the jars of `make spark`, before any run
     if config.etl == "kafka-streams":
-        from deltabus_bench import kafka_streams_etl
+        from deltabus_bench.kafka import streams_etl as kafka_streams_etl
 
         kafka_streams_etl.require()  # fetched and compiled (cached), before any run
     if config.partitioner != "sticky" and config.partitions == 1 and layouts is None:

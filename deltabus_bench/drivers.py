@@ -4,15 +4,15 @@ A driver sets up its pipeline (tables or topics, the ETL, the consumer, the prod
 in `start`, which hands the driving loop (`Bench.drive`, the same for every backbone)
 a `Pipeline`; `finish` does what follows the loop while the pipeline still runs,
 `stop` tears down whatever `start` got to, and `tables` returns what was produced and
-what the consumer saw. Delta (deltabus_bench.delta_driver) and Kafka
-(deltabus_bench.kafka_driver) are the drivers; `--etl spark` and `--serve`
+what the consumer saw. Delta (deltabus_bench.delta.driver) and Kafka
+(deltabus_bench.kafka.driver) are the drivers; `--etl spark` and `--serve`
 are stages of the Delta one.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,11 +26,29 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from deltabus.core.processes import ChildProcess
+    from deltabus.core.settings import Settings
+    from deltabus_bench.config import BenchConfig
     from deltabus_bench.consumer import LiveStats
     from deltabus_bench.cost import RequestMeter
     from deltabus_bench.environment import CpuMeter
-    from deltabus_bench.evaluate import Drain, RunState
-    from deltabus_bench.workload import ProducerHandle
+    from deltabus_bench.run_state import Drain, RunState
+    from deltabus_bench.workload import ProducerHandle, ProducerSpec
+
+
+@dataclass(frozen=True)
+class DriverContext:
+    """What a driver reads of the benchmark running it: the run's configuration and lake
+    settings, its working directory, the processes it watches and the request meter."""
+
+    cfg: BenchConfig
+    settings: Settings
+    work: Path  # logs and ready files
+    bench_cpu_name: str  # the benchmark process's name in the CPU report
+    minio_pid: int | None
+    relay_pid: int | None  # the notify relay (--notify), else None
+    proxy_pids: Mapping[str, int]  # the store profile's proxies
+    minio_requests: RequestMeter | None  # None on a local-directory lake
+    specs: Callable[..., list[ProducerSpec]]  # (backbone, rate, bootstrap="") -> specs
 
 
 @dataclass

@@ -8,7 +8,6 @@ deltabus_bench.report.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,46 +30,11 @@ from deltabus_bench.config import BenchConfig
 from deltabus_bench.cost import cost_summary
 from deltabus_bench.result_parts import Idle, Serving, ServingReplay, StageLatency
 from deltabus_bench.results import DrainResult, Quarter, RunDetail, RunSummary, SoakResult
+from deltabus_bench.run_state import RunState
 from deltabus_bench.verdict import BEHIND, KEEPING_UP, Verdict, classify
 from deltabus_bench.workload import ProducerSpec
 
 log = logging.getLogger("deltabus_bench")
-
-
-@dataclass
-class Drain:
-    """A backlog drain as it happens: how the ETL went down and when, and once it is back,
-    when it resumed (epoch ms) and how long its restart took to be ready (SIGTERM only)."""
-
-    signal: str  # "term" or "stop" (--drain-signal)
-    down_ms: float
-    resuming: bool = False
-    resumed_ms: float | None = None
-    restart_ready_s: float | None = None
-
-
-@dataclass
-class RunState:
-    """What a run observed, handed from the driving loop to the analysis."""
-
-    backbone: str
-    rate: int
-    start_ms: float = 0.0
-    specs: list[ProducerSpec] = field(default_factory=list)
-    producer_reports: list[dict] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    drain: Drain | None = None
-    maintenance: list[dict] = field(default_factory=list)
-    cpu: dict = field(default_factory=dict)
-    etl_reports: list[dict] = field(default_factory=list)
-    timings: dict = field(default_factory=dict)
-    requests: dict | None = None  # object-store requests per second by class (MinIO metrics)
-    idle: dict | None = None  # cost with the pipeline running and no traffic
-    served: pa.Table | None = None  # --serve: when each message became visible in the store
-    serving_report: dict | None = None  # --serve: the sink's own report
-    serving_replay: dict | None = None  # --serve-replay: the sink alone loading the table
-    serving_raw: dict | None = None  # --serve opensearch: plain _bulk requests, no sink
 
 
 NO_INPUT_COMMIT = (
@@ -171,8 +135,8 @@ def _run_summary(
     return RunSummary(
         rate=state.rate,
         backbone=state.backbone,
-        # The Kafka backbone's ETL is Pathway's (deltabus_bench.kafka_etl) unless
-        # it is the Kafka Streams topology (deltabus_bench.kafka_streams_etl).
+        # The Kafka backbone's ETL is Pathway's (deltabus_bench.kafka.etl) unless
+        # it is the Kafka Streams topology (deltabus_bench.kafka.streams_etl).
         etl=cfg.etl if state.backbone == "delta" or cfg.etl == "kafka-streams" else "pathway",
         samples=result["samples"],
         messages=messages,

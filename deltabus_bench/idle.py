@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltabus.delta.lake import Lake
-from deltabus_bench.consumer import DeltaUnifiedConsumer, PartitionedConsumer
 from deltabus_bench.cost import RequestMeter
+from deltabus_bench.delta.consumer import DeltaUnifiedConsumer, PartitionedConsumer
 from deltabus_bench.drivers import AFTER_IDLE_RUN
 from deltabus_bench.environment import CpuMeter
 

@@ -28,26 +28,28 @@ from deltabus.core.settings import Settings
 from deltabus.delta.lake import Lake
 from deltabus_bench.config import BenchConfig
 from deltabus_bench.cost import RequestMeter
-from deltabus_bench.delta_driver import DeltaDriver
+from deltabus_bench.delta.driver import DeltaDriver
 from deltabus_bench.drivers import (
     MAX_DRAIN_WAIT_FACTOR,
     Driver,
+    DriverContext,
     Pipeline,
     json_lines,
     running_etls,
 )
 from deltabus_bench.environment import machine_description
-from deltabus_bench.evaluate import RunState, evaluate_run
-from deltabus_bench.kafka_driver import KafkaDriver
+from deltabus_bench.evaluate import evaluate_run
+from deltabus_bench.kafka.driver import KafkaDriver
 from deltabus_bench.progress import ProgressDisplay
 from deltabus_bench.report import write_json, write_reports
 from deltabus_bench.results import RunDetail
+from deltabus_bench.run_state import RunState
 from deltabus_bench.workload import ProducerHandle, ProducerSpec
 
 log = logging.getLogger("deltabus_bench")
 
 # The backbones `--backbones` names, each a driver (deltabus_bench.drivers).
-DRIVERS: dict[str, Callable[[Bench, Lake, RunState], Driver]] = {
+DRIVERS: dict[str, Callable[[DriverContext, Lake, RunState], Driver]] = {
     "delta": DeltaDriver,
     "kafka": KafkaDriver,
 }
@@ -109,6 +111,21 @@ class Bench:
             return "bench (consumer + producers)"
         return "bench (consumer)"
 
+    @property
+    def context(self) -> DriverContext:
+        """What the drivers read of this benchmark."""
+        return DriverContext(
+            cfg=self.cfg,
+            settings=self.settings,
+            work=self.work,
+            bench_cpu_name=self.bench_cpu_name,
+            minio_pid=self.minio_pid,
+            relay_pid=self.relay_pid,
+            proxy_pids=self.proxy_pids,
+            minio_requests=self.minio_requests,
+            specs=self.specs,
+        )
+
     # -- the whole benchmark -----------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -149,7 +166,7 @@ class Bench:
     def run_one(self, backbone: str, rate: int) -> RunDetail:
         """One run of `backbone` at `rate` on a fresh lake prefix, accounted for."""
         lake, state = self._fresh_run(backbone, rate)
-        inputs, seen = self.run_driver(DRIVERS[backbone](self, lake, state))
+        inputs, seen = self.run_driver(DRIVERS[backbone](self.context, lake, state))
         return evaluate_run(self.cfg, lake, state, inputs, seen)
 
     def run_driver(self, driver: Driver) -> tuple[pa.Table, pa.Table]:
@@ -236,7 +253,7 @@ class Bench:
             )
 
         soak.monitor.on_window = progress
-        self.run_driver(DeltaDriver(self, lake, state, soak, maintenance_log))
+        self.run_driver(DeltaDriver(self.context, lake, state, soak, maintenance_log))
         return report(final=True)
 
     def _wait_for_consumer(

@@ -224,7 +224,7 @@ def test_configured_opensearch_gets_an_index_of_the_run(
 ) -> None:
     from pydantic import SecretStr
 
-    from deltabus_bench.delta_driver import serving_run
+    from deltabus_bench.delta.driver import serving_run
 
     url = "http://bench:s3cret@127.0.0.1:9201"
     settings = SimpleNamespace(opensearch_url=SecretStr(url), postgres_dsn=None)

@@ -32,7 +32,7 @@ from deltabus_bench.config import (
     parse_profile,
     parse_rates,
 )
-from deltabus_bench.kafka_broker import kafka_script
+from deltabus_bench.kafka.broker import kafka_script
 from deltabus_bench.report import RUN_KEYS
 from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
 

@@ -21,7 +21,7 @@ import pytest
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.apps.timezones.etl import dates
 from deltabus.delta.lake import Lake
-from deltabus_bench.spark_etl import missing, transform
+from deltabus_bench.delta.spark_etl import missing, transform
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.test_dates import CASES, UNUSUAL
 

@@ -22,25 +22,22 @@ from deltabus.core.processes import ChildProcess, child_env
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table
 from deltabus_bench.analysis import delta_inputs
-from deltabus_bench.consumer import (
-    DeltaUnifiedConsumer,
-    LiveStats,
-    PartitionedConsumer,
-)
+from deltabus_bench.consumer import LiveStats
+from deltabus_bench.delta.consumer import DeltaUnifiedConsumer, PartitionedConsumer
 from deltabus_bench.drivers import (
     AFTER_IDLE_RUN,
     MAX_DRAIN_WAIT_FACTOR,
+    DriverContext,
     Pipeline,
     json_lines,
     running_etls,
 )
 from deltabus_bench.environment import CpuMeter
-from deltabus_bench.evaluate import Drain, RunState
 from deltabus_bench.idle import first_after_idle, measure_idle
+from deltabus_bench.run_state import Drain, RunState
 from deltabus_bench.workload import ProducerHandle
 
 if TYPE_CHECKING:
-    from deltabus_bench.runner import Bench
     from deltabus_bench.serving import ServingRun
 
 log = logging.getLogger("deltabus_bench")
@@ -56,21 +53,21 @@ class DeltaDriver:
 
     def __init__(
         self,
-        bench: Bench,
+        context: DriverContext,
         lake: Lake,
         state: RunState,
         soak: Any = None,
         maintenance_log: list[Path] | None = None,
     ) -> None:
-        self.bench = bench
-        self.cfg = bench.cfg
+        self.context = context
+        self.cfg = context.cfg
         self.lake = lake
         self.state = state
         self.soak = soak
         self.maintenance_log = maintenance_log
         self.tag = f"delta-{state.rate}"
         self.env = child_env(lake.settings)
-        self.ready = bench.work / f"{self.tag}.etl-ready"
+        self.ready = context.work / f"{self.tag}.etl-ready"
         self.etls: list[ChildProcess] = []
         self.handles: list[ProducerHandle] = []
         self.consumer: DeltaUnifiedConsumer | PartitionedConsumer | None = None
@@ -95,15 +92,15 @@ class DeltaDriver:
         # More ETL processes, each owning its share of the partitions (a consumer group).
         more_ready = []
         for j in range(1, cfg.etl_processes):
-            extra_ready = self.bench.work / f"{self.tag}.etl-{j}-ready"
+            extra_ready = self.context.work / f"{self.tag}.etl-{j}-ready"
             self.etls.append(self._etl(f"{self.tag}-etl-{j}", extra_ready, j))
             more_ready.append(extra_ready)
             cpu.watch(f"etl {j}", self.etls[-1].pid)
-        cpu.watch("minio", self.bench.minio_pid)
-        cpu.watch("notify relay", self.bench.relay_pid)  # with --notify only (None: unwatched)
-        cpu.watch(self.bench.bench_cpu_name, os.getpid())
+        cpu.watch("minio", self.context.minio_pid)
+        cpu.watch("notify relay", self.context.relay_pid)  # with --notify only (None: unwatched)
+        cpu.watch(self.context.bench_cpu_name, os.getpid())
         if self.soak is None:
-            state.specs = self.bench.specs("delta", state.rate)
+            state.specs = self.context.specs("delta", state.rate)
         stats = LiveStats()
         sink = self.soak.latency.add if self.soak is not None else None
         poll_s = cfg.consumer_poll_ms / 1000
@@ -117,15 +114,15 @@ class DeltaDriver:
         if cfg.serve:  # the serving sink (PostgreSQL or OpenSearch) as one more stage
             self.serving = serving_run(
                 cfg.serve,
-                self.bench.settings,
-                self.bench.work,
+                self.context.settings,
+                self.context.work,
                 self.tag,
                 poll_s,
                 cfg.serve_refresh_ms,
                 cfg.serve_in_flight,
             )
         self.handles = [
-            ProducerHandle(s, cfg.producer_mode, self.env, self.bench.work, lake)
+            ProducerHandle(s, cfg.producer_mode, self.env, self.context.work, lake)
             for s in state.specs
         ]
         t0 = time.monotonic()
@@ -152,7 +149,7 @@ class DeltaDriver:
             etls=self.etls,
             drain=self._drain_step if cfg.backlog_drain else None,
             begin=self._begin_soak if self.soak is not None else None,
-            requests=self.bench.minio_requests,
+            requests=self.context.minio_requests,
         )
 
     def finish(self, pipeline: Pipeline) -> None:
@@ -162,7 +159,7 @@ class DeltaDriver:
             self.serving.wait(total, cfg.grace, MAX_DRAIN_WAIT_FACTOR * cfg.duration + 60)
         running = running_etls(self.etls, self.state.drain)
         if cfg.idle_s > 0 and all(e.alive() for e in running):
-            self.state.idle = measure_idle(self.cpu.pids, cfg.idle_s, self.bench.minio_requests)
+            self.state.idle = measure_idle(self.cpu.pids, cfg.idle_s, self.context.minio_requests)
             after = first_after_idle(self.lake, self.consumer, cfg.commit_interval)
             self.state.idle.update(after or {})
 
@@ -219,18 +216,18 @@ class DeltaDriver:
             prefix=self.lake.settings.prefix,
             **({"process": process, "processes": n} if n > 1 else {}),
         )
-        return ChildProcess(name, command, self.env, self.bench.work).start()
+        return ChildProcess(name, command, self.env, self.context.work).start()
 
     def _spark_etl(self, name: str, ready: Path) -> ChildProcess:
         """The Spark Structured Streaming ETL (bench.spark_etl) as its own process,
         its query's checkpoint a fresh directory beside the logs."""
-        checkpoint = self.bench.work / f"{name}.spark-checkpoint"
+        checkpoint = self.context.work / f"{name}.spark-checkpoint"
         shutil.rmtree(checkpoint, ignore_errors=True)  # a stale one names other tables
         trigger_ms = round(self.cfg.commit_interval * 1000)
-        command = [sys.executable, "-m", "deltabus_bench.spark_etl"]
+        command = [sys.executable, "-m", "deltabus_bench.delta.spark_etl"]
         command += ["--trigger-ms", str(trigger_ms), "--checkpoint", str(checkpoint)]
         command += ["--ready-file", str(ready)]
-        return ChildProcess(name, command, self.env, self.bench.work).start()
+        return ChildProcess(name, command, self.env, self.context.work).start()
 
     def _maintenance(self, first_at: float | None = None) -> ChildProcess:
         """The maintenance loop (bench.maintenance_loop) as its own process: every
@@ -239,7 +236,7 @@ class DeltaDriver:
         args = [
             sys.executable,
             "-m",
-            "deltabus_bench.maintenance_loop",
+            "deltabus_bench.delta.maintenance_loop",
             "--interval",
             str(cfg.maintenance_interval),
             "--retention-hours",
@@ -249,7 +246,7 @@ class DeltaDriver:
             args += ["--first-at", f"{first_at:.3f}"]
         if cfg.retention_s is not None:
             args += ["--retention-s", str(cfg.retention_s)]
-        return ChildProcess(f"{self.tag}-maintenance", args, self.env, self.bench.work).start()
+        return ChildProcess(f"{self.tag}-maintenance", args, self.env, self.context.work).start()
 
     def _begin_soak(self, start_ms: float) -> None:
         """A soak's start: the maintenance loop and the windows, on the schedule origin."""
@@ -258,7 +255,7 @@ class DeltaDriver:
             soak.monitor.watch(name, pid, tree=name in self.cpu.trees)
         for h in self.handles:
             soak.monitor.watch(f"producer {h.spec.run_id}", h.pid)
-        for name, pid in self.bench.proxy_pids.items():  # the network's stand-in
+        for name, pid in self.context.proxy_pids.items():  # the network's stand-in
             soak.monitor.watch(name, pid)
             soak.not_judged.add(name)
         first = start_ms / 1000 + cfg.warmup + cfg.maintenance_interval / 2

@@ -18,24 +18,24 @@ import pyarrow as pa
 
 from deltabus.core.processes import ChildProcess, child_env
 from deltabus.delta.lake import Lake
-from deltabus_bench.consumer import KafkaUnifiedConsumer, LiveStats
-from deltabus_bench.drivers import Pipeline
+from deltabus_bench.consumer import LiveStats
+from deltabus_bench.drivers import DriverContext, Pipeline
 from deltabus_bench.environment import CpuMeter
-from deltabus_bench.evaluate import RunState
+from deltabus_bench.kafka.consumer import KafkaUnifiedConsumer
+from deltabus_bench.run_state import RunState
 from deltabus_bench.workload import ProducerHandle
 
 if TYPE_CHECKING:
-    from deltabus_bench.kafka_broker import KafkaBroker
-    from deltabus_bench.runner import Bench
+    from deltabus_bench.kafka.broker import KafkaBroker
 
 
 class KafkaDriver:
     """One Kafka run (deltabus_bench.drivers); the broker's data is scratch,
     removed after the run, its log kept in logs/."""
 
-    def __init__(self, bench: Bench, lake: Lake, state: RunState) -> None:
-        self.bench = bench
-        self.cfg = bench.cfg
+    def __init__(self, context: DriverContext, lake: Lake, state: RunState) -> None:
+        self.context = context
+        self.cfg = context.cfg
         self.state = state
         self.tag = f"kafka-{state.rate}"
         self.env = child_env(lake.settings)
@@ -46,10 +46,10 @@ class KafkaDriver:
         self.inputs: pa.Table | None = None
 
     def start(self) -> Pipeline:
-        from deltabus_bench.kafka_broker import KafkaBroker
-        from deltabus_bench.kafka_etl import INPUT_TOPICS, OUTPUT_TOPIC
+        from deltabus_bench.kafka.broker import KafkaBroker
+        from deltabus_bench.kafka.etl import INPUT_TOPICS, OUTPUT_TOPIC
 
-        cfg, state, work = self.cfg, self.state, self.bench.work
+        cfg, state, work = self.cfg, self.state, self.context.work
         cpu = CpuMeter()
         stats = LiveStats()
         broker = self.broker = KafkaBroker(
@@ -60,24 +60,24 @@ class KafkaDriver:
         state.timings["broker_start_s"] = round(time.monotonic() - t0, 2)
         broker.create_topics((*INPUT_TOPICS, OUTPUT_TOPIC))
         cpu.watch("kafka broker", broker.pid)
-        cpu.watch(self.bench.bench_cpu_name, os.getpid())
+        cpu.watch(self.context.bench_cpu_name, os.getpid())
         ready = work / f"{self.tag}.etl-ready"
         ready.unlink(missing_ok=True)
         group = f"kafka-etl-{uuid.uuid4().hex[:6]}"
         if cfg.etl == "kafka-streams":
-            from deltabus_bench import kafka_streams_etl
+            from deltabus_bench.kafka import streams_etl as kafka_streams_etl
 
             commit_ms = max(1, round(cfg.commit_interval * 1000))
             command = kafka_streams_etl.command(broker.bootstrap, group, commit_ms, ready)
             groups = [group]  # one application.id for both input topics
         else:
-            command = [sys.executable, "-m", "deltabus_bench.kafka_etl"]
+            command = [sys.executable, "-m", "deltabus_bench.kafka.etl"]
             command += ["--bootstrap", broker.bootstrap, "--group", group]
             command += ["--ready-file", str(ready)]
             groups = [f"{group}-{topic}" for topic in INPUT_TOPICS]
         self.etl = ChildProcess(f"{self.tag}-etl", command, self.env, work).start()
         cpu.watch("etl", self.etl.pid)
-        state.specs = self.bench.specs("kafka", state.rate, broker.bootstrap)
+        state.specs = self.context.specs("kafka", state.rate, broker.bootstrap)
         self.handles = [ProducerHandle(s, cfg.producer_mode, self.env, work) for s in state.specs]
         t1 = time.monotonic()
         self.etl.wait_file(ready)
@@ -97,7 +97,7 @@ class KafkaDriver:
         )
 
     def finish(self, pipeline: Pipeline) -> None:
-        from deltabus_bench.kafka_etl import INPUT_TOPICS
+        from deltabus_bench.kafka.etl import INPUT_TOPICS
 
         assert self.broker is not None
         self.inputs = self.broker.read_inputs(INPUT_TOPICS)
@@ -117,7 +117,7 @@ class KafkaDriver:
             broker.stop()
             if (broker.dir / "kafka.log").is_file():
                 shutil.copyfile(
-                    broker.dir / "kafka.log", self.bench.work / f"{self.tag}-broker.log"
+                    broker.dir / "kafka.log", self.context.work / f"{self.tag}-broker.log"
                 )
             shutil.rmtree(broker.dir, ignore_errors=True)
         if self.consumer is not None and self.consumer.error is not None:

@@ -14,7 +14,7 @@ and a `processingTime` trigger of the run's commit profile.
 Run it as its own process, like the Delta ETL (pyspark, Java 17 and the Delta/s3a jars
 of `make spark` are needed; nothing else in deltabus imports pyspark):
 
-    python -m deltabus_bench.spark_etl --trigger-ms 100 --checkpoint DIR --ready-file F
+    python -m deltabus_bench.delta.spark_etl --trigger-ms 100 --checkpoint DIR --ready-file F
 
 The lake comes from the DELTABUS_* environment. It stops on SIGTERM / Ctrl-C and prints
 its report (how each input is read, micro-batches and their durations) as one

@@ -7,7 +7,7 @@ topic `timezone_unified` with `pw.io.kafka.write` (JSON: timestamp, message, tim
 
 Run it as its own process, like the Delta ETL:
 
-    python -m deltabus_bench.kafka_etl --bootstrap 127.0.0.1:9092 --ready-file F
+    python -m deltabus_bench.kafka.etl --bootstrap 127.0.0.1:9092 --ready-file F
 
 It stops on SIGTERM / Ctrl-C.
 """

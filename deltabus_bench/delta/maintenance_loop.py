@@ -1,6 +1,6 @@
 """Soak scenario: lake maintenance (compact, checkpoint, vacuum) every N seconds.
 
-Runs as its own process (`python -m deltabus_bench.maintenance_loop --interval 60`) on
+Runs as its own process (`python -m deltabus_bench.delta.maintenance_loop --interval 60`) on
 the lake the DELTABUS_* environment names, printing one JSON line per pass, until
 SIGTERM. `--retention-s` drops the records committed longer ago from every table of the
 pipeline (deltabus.delta.retention); otherwise only the unified table's
