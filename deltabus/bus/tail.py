@@ -1,25 +1,18 @@
 """Tail a Delta table by reading its log directly: one GET per poll, no snapshot upkeep.
 
-Reading `_delta_log/<version>.json` gives the commit info (with our metadata) and the
-files the commit added or removed; a missing file means the version has not landed yet.
-Compared with `update_incremental()` + `load_cdf()` this avoids listing the log and
-rebuilding the table snapshot on every poll, which is what kept the ETL and MinIO busy
-at high rates.
-
-Inputs may be written by other Delta writers, so every commit is read as the protocol
-says (deltabus.delta.reader_features): the reader version and features are checked on start and
-at every `protocol` / `metaData` action (an unsupported one raises before anything of
-that version is returned); partition columns are rebuilt from the log and column mapping
-is honoured; a commit that deletes or updates rows yields them as retractions (`_diff`
--1) from its change data files, its deletion vectors or its removed files, and a commit
-whose changes cannot be told from the log (files removed from a table without change
-data feed) raises `ChangeWithoutCdfError`, or is skipped when asked to. A data file
-that cannot be read as Parquet (corrupt, truncated, not Parquet) raises
-`UnreadableFileError` naming the table, the version and the file, or is left out (logged
-and counted) when asked to; a storage outage while reading one is raised as it is, for
-the caller's retries. Files added with `dataChange: false` (compaction) carry no new
-rows and are skipped, exactly as the change data feed does. A plain append costs what
-it always did: one GET of the commit and one read per added file.
+A poll GETs `_delta_log/<version>.json`; a missing file means the version has not landed
+yet (why not delta-rs' snapshots and change data feed:
+docs/adr/0031-tail-reads-the-log-directly.md). Every commit is
+read as the protocol says (deltabus.delta.reader_features, table_schema, change_plan):
+an unsupported reader version or feature raises before anything of that version is
+returned; partition columns and column mapping are honoured; a commit that deletes or
+updates rows yields them as retractions (`_diff` -1), and one whose changes cannot be
+told from the log raises `ChangeWithoutCdfError`, or is skipped when asked to. A data
+file that cannot be read as Parquet raises `UnreadableFileError` naming the table, the
+version and the file, or is left out (logged and counted) when asked to; a storage
+outage is raised as it is, for the caller's retries. Files added with `dataChange:
+false` (compaction) carry no new rows and are skipped. A plain append costs one GET of
+the commit and one read per added file.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Blind appends to a Delta table in two PUTs: the data file, then the commit.
 
-delta-rs' commit path lists `_delta_log/` before every commit (to find the latest
-version) and again after it (to advance its snapshot), and reads the new commit back:
-two LISTs and two GETs around the two PUTs that are the commit itself. At 30 commits a
-second that was most of the object-store traffic of a streaming pipeline, and most of
-the producer's CPU. A streaming writer already knows the version it is at, so
-`TableAppender` skips all of it:
+`TableAppender` writes an Arrow batch as one Parquet file, then claims the next version
+with a conditional PUT of `_delta_log/<v+1>.json`; when another writer took it, it reads
+the commits that landed (GET until a 404) and tries again on top of them. Appends do not
+conflict with appends; a commit that changes the protocol or the metadata sends the table
+back to delta-rs. Exactly once as with delta-rs: an answer lost in an outage is found by
+reading the log for the writer's (app id, seq) before the retry. Every version written or
+read goes to the table's `BackgroundCheckpointer` once an append passed one.
 
-1. the Arrow batch is written as one Parquet file (pyarrow) and PUT under a fresh name;
-2. the commit `_delta_log/<v+1>.json` (commitInfo, app transactions, one `add`) is PUT
-   with If-None-Match (obstore `mode="create"`), which is how Delta claims a version on
-   an object store: exactly one writer wins it;
-3. if another writer took `v+1`, its commits are read (GET until a 404) and the append
-   is retried on top of them: blind appends do not conflict with appends, and a commit
-   that changes the protocol or the metadata sends the table back to delta-rs.
-
-Every version it writes or reads is handed, with its actions, to the table's
-`BackgroundCheckpointer` (once an append passed one), which then writes checkpoints
-from memory instead of reading the log back (deltabus.delta.checkpoint_writer).
-
-It writes only where that is all the protocol asks of an append (`eligible`): no
-partition columns, constraints, invariants, generated or identity columns, column
-mapping, row tracking or in-commit timestamps; any other table is appended by delta-rs
-(`append_once`, below), as before. Exactly-once is the same as there: an answer lost in
-an outage is found by reading the log for our (app id, seq) before the retry.
+Tables this cannot append (`eligible`: partition columns, constraints, column mapping,
+...) are appended by delta-rs (`append_once`). Why not delta-rs' commit path for every
+append: docs/adr/0050-appends-in-two-puts.md.
 """
 
 from __future__ import annotations

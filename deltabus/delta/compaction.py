@@ -1,15 +1,12 @@
 """Compaction that commits beside a live stream.
 
 Small data files are rewritten into files of about `target_bytes`, and the rewrite is
-committed the way `TableAppender` commits: the next log version is claimed with one
-conditional PUT, and when a writer took it first, the commits that landed are read (GET
-until a 404) and the claim is tried again on top of them. delta-rs' optimize re-lists the
-log and re-checks every commit since its read on each of its 15 attempts, which a stream
-committing every 100 ms outran on every attempt (docs/adr/0036).
-
+committed as `TableAppender` commits: one conditional PUT claims the next version, and
+when a writer took it first, the claim is tried again on top of the commits that landed.
 A rewrite conflicts only with a commit that removed one of its input files (a delete, an
 update or another compaction) or changed the protocol or the metadata; it then gives up,
-deletes the files it wrote, and the next pass tries again. Appends never conflict.
+deletes the files it wrote, and the next pass tries again. Appends never conflict. Why
+not delta-rs' optimize: docs/adr/0036-compaction-beside-a-stream.md.
 """
 
 from __future__ import annotations
