@@ -25,6 +25,7 @@ AFTER_IDLE_RUN = "after-idle"
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from deltabus.adapters.serving.settings import ServingSettings
     from deltabus.core.processes import ChildProcess
     from deltabus.core.settings import Settings
     from deltabus_bench.config import BenchConfig
@@ -42,6 +43,7 @@ class DriverContext:
 
     cfg: BenchConfig
     settings: Settings
+    serving: ServingSettings  # where --serve writes (a throwaway server when unset)
     work: Path  # logs and ready files
     bench_cpu_name: str  # the benchmark process's name in the CPU report
     minio_pid: int | None

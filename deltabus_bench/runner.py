@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from deltabus.adapters.serving.settings import ServingSettings, load_serving_settings
 from deltabus.core.settings import Settings
 from deltabus.delta.lake import Lake
 from deltabus_bench.config import BenchConfig
@@ -68,11 +69,13 @@ class Bench:
         show_progress: bool = True,
         metrics_endpoint: str | None = None,
         proxy_pids: dict[str, int] | None = None,
+        serving: ServingSettings | None = None,
     ) -> None:
         """`settings` is the lake every component uses (through the store profile's proxy,
         if any); `metrics_endpoint` the MinIO whose metrics count the requests and whose
         objects a windowed soak lists (default: `settings.minio_endpoint`); `proxy_pids`
-        the store profile's proxies, sampled per window by a windowed soak. A
+        the store profile's proxies, sampled per window by a windowed soak; `serving` where
+        `--serve` writes (default: the environment and ./.env). A
         `cfg.log_retention_s` overrides the settings' log retention for every table and
         process of the run; a run with maintenance keeps removed files in its tables' log
         state for the log retention (vacuum's when there is none), unless the settings give
@@ -88,6 +91,7 @@ class Bench:
             update = {"deleted_file_retention_s": min(kept, cfg.vacuum_hours * 3600)}
             settings = settings.model_copy(update=update)
         self.settings = settings
+        self.serving = serving if serving is not None else load_serving_settings()
         self.metrics_endpoint = metrics_endpoint or settings.minio_endpoint
         self.proxy_pids = dict(proxy_pids or {})
         self.minio_pid = minio_pid
@@ -117,6 +121,7 @@ class Bench:
         return DriverContext(
             cfg=self.cfg,
             settings=self.settings,
+            serving=self.serving,
             work=self.work,
             bench_cpu_name=self.bench_cpu_name,
             minio_pid=self.minio_pid,

@@ -81,11 +81,14 @@ def notify_for(config: BenchConfig, local_minio: bool) -> bool:
 def run(config, settings, *, local_minio: bool | None = None, show_progress: bool = True) -> dict:
     """Run the benchmark on `settings` (or a throwaway MinIO); returns report.json + errors."""
 
+    from deltabus.adapters.serving.settings import load_serving_settings
+    from deltabus.cli import state as cli
     from deltabus.core.errors import ConfigError
     from deltabus.delta.lake import Lake
     from deltabus_bench.environment import minio_configured, throwaway_minio
     from deltabus_bench.runner import Bench
 
+    serving = load_serving_settings(cli.state.env_file)
     if local_minio is None:
         local_minio = not minio_configured(settings) and settings.storage == "minio"
     if local_minio:
@@ -99,6 +102,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
                     show_progress=show_progress,
                     metrics_endpoint=minio_settings.minio_endpoint,
                     proxy_pids=proxy_pids,
+                    serving=serving,
                 ).run()
     if config.notify:
         raise ConfigError(
@@ -115,6 +119,7 @@ def run(config, settings, *, local_minio: bool | None = None, show_progress: boo
             show_progress=show_progress,
             metrics_endpoint=settings.minio_endpoint,
             proxy_pids=proxy_pids,
+            serving=serving,
         ).run()
 
 

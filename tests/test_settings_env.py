@@ -39,8 +39,6 @@ def every_field_changed(tmp_path: Path) -> Settings:
         notify=True,
         notify_url="http://127.0.0.1:9100/events",
         idle_poll_ms=250,
-        postgres_dsn=SecretStr("postgresql://someone:pg-s3cr3t@127.0.0.1:5999/served"),
-        opensearch_url=SecretStr("http://someone:os-s3cr3t@127.0.0.1:9299"),
         health_port=9464,
         metrics_port=9465,
     )
@@ -68,6 +66,31 @@ def test_child_environment_reproduces_every_setting(
     assert "DELTABUS_HEALTH_PORT" not in env
     assert "DELTABUS_METRICS_PORT" not in env
     assert rebuilt == original.model_copy(update={"health_port": None, "metrics_port": None})
+
+
+def test_serving_settings_come_from_the_same_file_and_cross_to_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving stores are the serving layer's settings, read from the lake's `.env`
+    file; the lake's settings do not carry them."""
+    from deltabus.adapters.serving.settings import ServingSettings, load_serving_settings
+
+    clear_lake_env(monkeypatch)
+    monkeypatch.delenv("DELTABUS_POSTGRES_DSN", raising=False)
+    monkeypatch.delenv("DELTABUS_OPENSEARCH_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    env_file = tmp_path / "team.env"
+    dsn = "postgresql://someone:pg-s3cr3t@127.0.0.1:5999/served"
+    env_file.write_text(f"DELTABUS_POSTGRES_DSN={dsn}\nDELTABUS_BUCKET=team-bucket\n")
+    loaded = load_serving_settings(env_file)
+    assert loaded.postgres_dsn is not None and loaded.postgres_dsn.get_secret_value() == dsn
+    assert loaded.opensearch_url is None
+    assert "pg-s3cr3t" not in repr(loaded)  # a secret, never printed
+    assert loaded.to_env() == {"DELTABUS_POSTGRES_DSN": dsn}
+    assert "postgres_dsn" not in Settings.model_fields  # core knows nothing of serving
+    assert "DELTABUS_POSTGRES_DSN" not in child_env(load_settings(env_file))
+    monkeypatch.setenv("DELTABUS_OPENSEARCH_URL", "http://u:os-s3cr3t@127.0.0.1:9299")
+    assert ServingSettings().opensearch_url.get_secret_value().endswith(":9299")  # type: ignore[union-attr]
 
 
 def test_child_environment_drops_the_parents_lake_variables(

@@ -167,6 +167,13 @@ def settings_table(settings_cls: type | None = None, source: str | None = None) 
     return "\n".join(rows) + "\n"
 
 
+def serving_settings_table() -> str:
+    """The Markdown table of the serving sinks' settings."""
+    from deltabus.adapters.serving.settings import ServingSettings
+
+    return settings_table(ServingSettings)
+
+
 # -- the CLI reference -------------------------------------------------------------------
 
 
@@ -497,6 +504,7 @@ def markdown_files(root: Path = ROOT) -> list[Path]:
 def generated() -> list[tuple[Path, str, str]]:
     return [
         (CONFIG_DOC, "settings", settings_table()),
+        (CONFIG_DOC, "serving-settings", serving_settings_table()),
         (CLI_DOC, "cli", cli_reference()),
         (API_DOC, "api", api_reference()),
     ]

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from deltabus.cli.state import emit, lake
+from deltabus.cli.state import emit, lake, state
 from deltabus.core import metrics
 from deltabus.core.errors import ConfigError
 from deltabus.core.extras import needs_extra
@@ -24,9 +24,9 @@ serve_app = typer.Typer(
 
 def postgres_dsn(dsn: str | None) -> str:
     """--dsn, else DELTABUS_POSTGRES_DSN; a clear error when neither is set."""
-    from deltabus.cli.state import settings as load
+    from deltabus.adapters.serving.settings import load_serving_settings
 
-    configured = load().postgres_dsn
+    configured = load_serving_settings(state.env_file).postgres_dsn
     if dsn:
         return dsn
     if configured is None:
@@ -146,11 +146,11 @@ def serve_postgres(
 
 def opensearch_url(url: str | None) -> str:
     """--url, else DELTABUS_OPENSEARCH_URL; a clear error when neither is set."""
-    from deltabus.cli.state import settings as load
+    from deltabus.adapters.serving.settings import load_serving_settings
 
     if url:
         return url
-    configured = load().opensearch_url
+    configured = load_serving_settings(state.env_file).opensearch_url
     if configured is None:
         raise ConfigError(
             "no OpenSearch configured for the index sink",

@@ -130,12 +130,6 @@ class Settings(BaseSettings):
     # A GET of the Delta log's hot path still unanswered after the store's recent p95 is
     # sent again, the first answer wins (deltabus.core.hedge); false sends every GET once.
     hedge_reads: bool = True
-    # PostgreSQL the serving sink writes to (`deltabus serve postgres`), as a libpq URI or
-    # key=value string; holds a password, so it is a secret. None: a local server is started.
-    postgres_dsn: SecretStr | None = None
-    # OpenSearch the index sink writes to (`deltabus serve opensearch`), as an http(s) URL;
-    # may hold user:password, so it is a secret. None: `deltabus opensearch up` starts one.
-    opensearch_url: SecretStr | None = None
     # Port of this process's health endpoint for probes (GET /healthz, /readyz on 0.0.0.0,
     # deltabus.core.health); unset: none is served. `deltabus --health-port` wins over it.
     health_port: int | None = Field(None, ge=1, le=65535)
@@ -227,10 +221,6 @@ class Settings(BaseSettings):
             env["DELTABUS_UNIFIED_RETENTION_S"] = str(self.unified_retention_s)
         if self.secret_key is not None:
             env["DELTABUS_SECRET_KEY"] = self.secret_key.get_secret_value()
-        if self.postgres_dsn is not None:
-            env["DELTABUS_POSTGRES_DSN"] = self.postgres_dsn.get_secret_value()
-        if self.opensearch_url is not None:
-            env["DELTABUS_OPENSEARCH_URL"] = self.opensearch_url.get_secret_value()
         return env
 
     def with_prefix(self, prefix: str) -> Settings:
@@ -268,6 +258,36 @@ def append_env_file(env_file: str | os.PathLike[str] | None, lines: list[str]) -
     return path
 
 
+def settings_file(env_file: str | os.PathLike[str] | None = None) -> Path | None:
+    """The `.env` file settings are read from: `env_file`, else `$DELTABUS_ENV_FILE`, else
+    `./.env` when it exists, else None.
+
+    Raises:
+        ConfigError: the file cannot be read as UTF-8 text (never silently skipped).
+    """
+    given = env_file or os.environ.get(ENV_FILE_VAR)
+    if not given and not Path(".env").is_file():
+        return None
+    path = Path(given or ".env")
+    where = f"settings file {path}" if given else f"settings file {path.absolute()}"
+    try:
+        path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {where}: {exc.strerror or exc}",
+            f"check the path and permissions, or unset {ENV_FILE_VAR}"
+            if given
+            else "fix its permissions, or remove it",
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"{where} is not UTF-8 text",
+            "save it as plain UTF-8 KEY=value lines"
+            + ("" if given else " (or remove it: deltabus reads ./.env when present)"),
+        ) from None
+    return path
+
+
 def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: object) -> Settings:
     """Build settings from the environment, a `.env` file and explicit overrides.
 
@@ -286,28 +306,7 @@ def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: o
     Example:
         `load_settings(prefix="lake/dev", minio_endpoint="http://127.0.0.1:9000")`
     """
-    path = env_file or os.environ.get(ENV_FILE_VAR)
-    named = bool(path)
-    if not path and Path(".env").is_file():
-        path = ".env"
-    if path:
-        path = Path(path)
-        where = f"settings file {path}" if named else f"settings file {path.absolute()}"
-        try:
-            path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read {where}: {exc.strerror or exc}",
-                f"check the path and permissions, or unset {ENV_FILE_VAR}"
-                if named
-                else "fix its permissions, or remove it",
-            ) from None
-        except UnicodeDecodeError:
-            raise ConfigError(
-                f"{where} is not UTF-8 text",
-                "save it as plain UTF-8 KEY=value lines"
-                + ("" if named else " (or remove it: deltabus reads ./.env when present)"),
-            ) from None
+    path = settings_file(env_file)
     try:
         return Settings(_env_file=path, **overrides)  # type: ignore[call-arg]
     except ValidationError as exc:
@@ -323,9 +322,7 @@ def load_settings(env_file: str | os.PathLike[str] | None = None, **overrides: o
 
 
 # Fields whose values are never shown, not even in a validation error.
-SECRET_FIELDS = frozenset(
-    {"secret_key", "session_token", "storage_options", "postgres_dsn", "opensearch_url"}
-)
+SECRET_FIELDS = frozenset({"secret_key", "session_token", "storage_options"})
 
 
 def _describe(err: Any) -> str:

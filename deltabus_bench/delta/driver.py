@@ -114,7 +114,7 @@ class DeltaDriver:
         if cfg.serve:  # the serving sink (PostgreSQL or OpenSearch) as one more stage
             self.serving = serving_run(
                 cfg.serve,
-                self.context.settings,
+                self.context.serving,
                 self.context.work,
                 self.tag,
                 poll_s,

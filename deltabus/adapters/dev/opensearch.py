@@ -14,8 +14,9 @@ from urllib.parse import urlsplit
 from deltabus.adapters.dev.opensearch_process import PORT_FILE, OpenSearchNode, http_json, stop_pid
 from deltabus.adapters.dev.server import LOCAL_HOSTS
 from deltabus.adapters.serving import opensearch_connection as osc
+from deltabus.adapters.serving.settings import load_serving_settings
 from deltabus.core.errors import ConfigError
-from deltabus.core.settings import append_env_file, load_settings
+from deltabus.core.settings import append_env_file
 
 
 def _write_url(env_file: Path | None, url: str) -> Path:
@@ -36,7 +37,7 @@ def _answers(url: str) -> bool:
 def opensearch_up(env_file: Path | None, data_dir: Path) -> str:
     """Start (or find) the development OpenSearch node; returns what was done."""
     data_dir = data_dir.resolve()
-    configured = load_settings(env_file).opensearch_url
+    configured = load_serving_settings(env_file).opensearch_url
     if configured is None:
         node = OpenSearchNode(data_dir).start()
         written = _write_url(env_file, node.url)

@@ -16,9 +16,10 @@ from pathlib import Path
 from deltabus.adapters.dev.postgres_process import PostgresServer
 from deltabus.adapters.dev.server import LOCAL_HOSTS
 from deltabus.adapters.serving import pg
+from deltabus.adapters.serving.settings import load_serving_settings
 from deltabus.core.errors import ConfigError
 from deltabus.core.net import free_port, port_taken
-from deltabus.core.settings import append_env_file, load_settings
+from deltabus.core.settings import append_env_file
 
 DEFAULT_PORT = 55432
 
@@ -37,7 +38,7 @@ def postgres_up(env_file: Path | None, data_dir: Path) -> str:
     """Start (or find) the development PostgreSQL; returns what was done, no password."""
     data_dir = data_dir.resolve()
     initialised = (data_dir / "data" / "PG_VERSION").is_file()
-    configured = load_settings(env_file).postgres_dsn
+    configured = load_serving_settings(env_file).postgres_dsn
     if configured is None:
         if initialised:
             raise ConfigError(
