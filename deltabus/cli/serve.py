@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,10 +19,117 @@ from deltabus.core.errors import ConfigError
 from deltabus.core.extras import needs_extra
 from deltabus.core.intervals import DEFAULT_POLL_INTERVAL_MS, from_ms
 
+if TYPE_CHECKING:
+    from deltabus.adapters.serving.sink_loop import ServeConfig
+    from deltabus.delta.lake import Lake
+
 serve_app = typer.Typer(
     help="Serve the unified stream in an operational database, exactly once.",
     no_args_is_help=True,
 )
+
+# Options both sinks take, with one meaning.
+FollowOption = Annotated[
+    bool,
+    typer.Option(
+        "--follow/--once",
+        help="--follow: keep serving new commits until SIGTERM / Ctrl-C; --once: catch "
+        "up to the unified version current at start, then stop.",
+    ),
+]
+PollIntervalOption = Annotated[
+    float, typer.Option(help="Poll timezone_unified for new versions this often (ms).")
+]
+ReadyFileOption = Annotated[
+    Path | None, typer.Option(help="Create this file once the sink is following.")
+]
+LeaseTtlOption = Annotated[
+    float,
+    typer.Option(
+        help="With --lease: an active replica not heard from for this long loses the "
+        "lease to a standby (1 .. 600 s).",
+    ),
+]
+
+
+def _lease_help(target: str, store: str) -> str:
+    return (
+        f"Run as one of several replicas of this sink (same {target}, same server): the "
+        "replica holding the lease in the lake serves, the others stand by and take over "
+        f"within the lease time when it dies, from the position stored in {store}. Needs "
+        "--follow."
+    )
+
+
+@dataclass(frozen=True)
+class Store:
+    """What serving needs to know of a store's client module: the lease group's kind,
+    how to name the store without its secret, how to sort its errors, and the report's
+    count of what it holds."""
+
+    kind: str
+    client: ModuleType  # describe(url), user_error(exc, url), redact(text, url)
+    held_key: str
+
+
+def _serve_config(
+    name: str, follow: bool, poll_interval_ms: float, max_versions: int, ready_file: Path | None
+) -> ServeConfig:
+    from deltabus.adapters.serving.sink_loop import ServeConfig
+
+    if not 1 <= max_versions <= 10_000:
+        raise ConfigError("--max-versions must be 1..10000")
+    return ServeConfig(
+        table=name,
+        follow=follow,
+        poll_interval=from_ms(poll_interval_ms, "poll interval"),
+        max_versions_per_txn=max_versions,
+        ready_file=ready_file,
+    )
+
+
+def _serve(
+    store: Store,
+    url: str,
+    config: ServeConfig,
+    lease: bool,
+    lease_ttl_s: float,
+    run: Callable[[Lake, threading.Event], dict],
+) -> None:
+    """Run one sink (`run(lake, stop)` returns its report) until done or SIGTERM / Ctrl-C,
+    alone or as a lease replica, and print its report: a store's error is reported without
+    its secret; `--once` adds the unified table's net row count beside the store's."""
+    metrics.set_component(f"serve-{store.kind}")
+    if lease and not config.follow:
+        raise ConfigError(
+            "--lease runs until stopped: it needs --follow",
+            "leave out --once, or run a catch-up sink without --lease",
+        )
+    lk = lake(write=lease)  # a replica writes its heartbeat and lease to the lake
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        if lease:
+            from deltabus.adapters.serving.sink_lease import SinkLease, lease_group
+
+            group = lease_group(store.kind, config.table, store.client.describe(url))
+            report = SinkLease(lk, group, lease_ttl_s).run(stop, lambda until: run(lk, until))
+        else:
+            report = run(lk, stop)
+    except Exception as exc:
+        error = store.client.user_error(exc, url)
+        if error is None:
+            raise
+        raise type(error)(store.client.redact(error.problem, url), error.hint) from None
+    if not config.follow:  # what the store holds next to the unified table's net content
+        from deltabus.adapters.serving.compare import unified_net_count
+
+        items = list(report.items())
+        at = [k for k, _ in items].index(store.held_key) + 1
+        items.insert(at, ("unified_net_rows", unified_net_count(lk)))
+        report = dict(items)
+    emit("serve report", report)
 
 
 def postgres_dsn(dsn: str | None) -> str:
@@ -41,14 +151,7 @@ def postgres_dsn(dsn: str | None) -> str:
 @serve_app.command("postgres")
 @needs_extra("serve", "deltabus serve postgres")
 def serve_postgres(
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "--follow/--once",
-            help="--follow: keep serving new commits until SIGTERM / Ctrl-C; --once: catch "
-            "up to the unified version current at start, then stop.",
-        ),
-    ] = True,
+    follow: FollowOption = True,
     dsn: Annotated[
         str | None,
         typer.Option(
@@ -59,89 +162,38 @@ def serve_postgres(
     table: Annotated[str, typer.Option(help="The served table (created when missing).")] = (
         "served_unified"
     ),
-    poll_interval_ms: Annotated[
-        float, typer.Option(help="Poll timezone_unified for new versions this often (ms).")
-    ] = DEFAULT_POLL_INTERVAL_MS,
+    poll_interval_ms: PollIntervalOption = DEFAULT_POLL_INTERVAL_MS,
     max_versions: Annotated[
         int, typer.Option(help="At most this many unified versions per transaction.")
     ] = 50,
-    ready_file: Annotated[
-        Path | None, typer.Option(help="Create this file once the sink is following.")
-    ] = None,
+    ready_file: ReadyFileOption = None,
     lease: Annotated[
-        bool,
-        typer.Option(
-            "--lease",
-            help="Run as one of several replicas of this sink (same --table, same server): "
-            "the replica holding the lease in the lake serves, the others stand by and take "
-            "over within the lease time when it dies, from the position stored in "
-            "PostgreSQL. Needs --follow.",
-        ),
+        bool, typer.Option("--lease", help=_lease_help("--table", "PostgreSQL"))
     ] = False,
-    lease_ttl_s: Annotated[
-        float,
-        typer.Option(
-            help="With --lease: an active replica not heard from for this long loses the "
-            "lease to a standby (1 .. 600 s).",
-        ),
-    ] = 10.0,
+    lease_ttl_s: LeaseTtlOption = 10.0,
 ) -> None:
     """Keep a PostgreSQL table equal to timezone_unified's net content, exactly once.
 
     Retractions delete rows, insertions upsert them (key: message); the sink's position
     (the unified version applied) commits in the same transaction as the rows.
     """
-    import threading
-
     from deltabus.adapters.serving import pg
-    from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
-
-    metrics.set_component("serve-postgres")
+    from deltabus.adapters.serving.postgres_sink import PostgresSink
     from deltabus.adapters.serving.postgres_target import check_table_name
 
-    if not 1 <= max_versions <= 10_000:
-        raise ConfigError("--max-versions must be 1..10000")
-    config = ServeConfig(
-        table=check_table_name(table),
-        follow=follow,
-        poll_interval=from_ms(poll_interval_ms, "poll interval"),
-        max_versions_per_txn=max_versions,
-        ready_file=ready_file,
+    config = _serve_config(
+        check_table_name(table), follow, poll_interval_ms, max_versions, ready_file
     )
     url = postgres_dsn(dsn)
     pg.parse(url)
-    if lease and not follow:
-        raise ConfigError(
-            "--lease runs until stopped: it needs --follow",
-            "leave out --once, or run a catch-up sink without --lease",
-        )
-    lk = lake(write=lease)  # a replica writes its heartbeat and lease to the lake
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        if lease:
-            from deltabus.adapters.serving.sink_lease import SinkLease, lease_group
-
-            group = lease_group("postgres", config.table, pg.describe(url))
-            report = SinkLease(lk, group, lease_ttl_s).run(
-                stop, lambda serving: PostgresSink(lk, url, config, serving).run().as_dict()
-            )
-        else:
-            report = PostgresSink(lk, url, config, stop).run().as_dict()
-    except Exception as exc:
-        error = pg.user_error(exc, url)
-        if error is None:
-            raise
-        raise type(error)(pg.redact(error.problem, url), error.hint) from None
-    if not follow:  # the served row count next to the unified table's net content
-        from deltabus.adapters.serving.compare import unified_net_count
-
-        items = list(report.items())
-        at = [k for k, _ in items].index("served_rows") + 1
-        items.insert(at, ("unified_net_rows", unified_net_count(lk)))
-        report = dict(items)
-    emit("serve report", report)
+    _serve(
+        Store("postgres", pg, "served_rows"),
+        url,
+        config,
+        lease,
+        lease_ttl_s,
+        lambda lk, until: PostgresSink(lk, url, config, until).run().as_dict(),
+    )
 
 
 def opensearch_url(url: str | None) -> str:
@@ -160,15 +212,10 @@ def opensearch_url(url: str | None) -> str:
     return configured.get_secret_value()
 
 
+@serve_app.command("opensearch")
+@needs_extra("serve", "deltabus serve opensearch")
 def serve_opensearch(
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "--follow/--once",
-            help="--follow: keep serving new commits until SIGTERM / Ctrl-C; --once: catch "
-            "up to the unified version current at start, then stop.",
-        ),
-    ] = True,
+    follow: FollowOption = True,
     url: Annotated[
         str | None,
         typer.Option(
@@ -179,9 +226,7 @@ def serve_opensearch(
     index: Annotated[str, typer.Option(help="The served index (created when missing).")] = (
         "indexed_unified"
     ),
-    poll_interval_ms: Annotated[
-        float, typer.Option(help="Poll timezone_unified for new versions this often (ms).")
-    ] = DEFAULT_POLL_INTERVAL_MS,
+    poll_interval_ms: PollIntervalOption = DEFAULT_POLL_INTERVAL_MS,
     max_versions: Annotated[
         int, typer.Option(help="At most this many unified versions per batch.")
     ] = 50,
@@ -200,26 +245,11 @@ def serve_opensearch(
             "one became searchable.",
         ),
     ] = 4,
-    ready_file: Annotated[
-        Path | None, typer.Option(help="Create this file once the sink is following.")
-    ] = None,
+    ready_file: ReadyFileOption = None,
     lease: Annotated[
-        bool,
-        typer.Option(
-            "--lease",
-            help="Run as one of several replicas of this sink (same --index, same server): "
-            "the replica holding the lease in the lake serves, the others stand by and take "
-            "over within the lease time when it dies, from the position stored in "
-            "OpenSearch. Needs --follow.",
-        ),
+        bool, typer.Option("--lease", help=_lease_help("--index", "OpenSearch"))
     ] = False,
-    lease_ttl_s: Annotated[
-        float,
-        typer.Option(
-            help="With --lease: an active replica not heard from for this long loses the "
-            "lease to a standby (1 .. 600 s).",
-        ),
-    ] = 10.0,
+    lease_ttl_s: LeaseTtlOption = 10.0,
 ) -> None:
     """Keep an OpenSearch index equal to timezone_unified's net content, exactly once.
 
@@ -230,61 +260,25 @@ def serve_opensearch(
     from deltabus.adapters.serving import opensearch_connection as osc
     from deltabus.adapters.serving.opensearch import OpenSearchSink
     from deltabus.adapters.serving.opensearch_documents import check_index_name
-    from deltabus.adapters.serving.sink_loop import ServeConfig
-    from deltabus.cli.state import emit
-    from deltabus.core import metrics
 
-    metrics.set_component("serve-opensearch")
-    if not 1 <= max_versions <= 10_000:
-        raise ConfigError("--max-versions must be 1..10000")
     if not 1 <= refresh_interval_ms <= 60_000:
         raise ConfigError("--refresh-interval-ms must be 1..60000")
     if not 1 <= in_flight <= 16:
         raise ConfigError("--in-flight must be 1..16")
-    config = ServeConfig(
-        table=check_index_name(index),
-        follow=follow,
-        poll_interval=from_ms(poll_interval_ms, "poll interval"),
-        max_versions_per_txn=max_versions,
-        ready_file=ready_file,
+    config = _serve_config(
+        check_index_name(index), follow, poll_interval_ms, max_versions, ready_file
     )
     target_url = opensearch_url(url)
     osc.parse(target_url)
-    if lease and not follow:
-        raise ConfigError(
-            "--lease runs until stopped: it needs --follow",
-            "leave out --once, or run a catch-up sink without --lease",
-        )
-    lk = lake(write=lease)  # a replica writes its heartbeat and lease to the lake
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    def serve(until: threading.Event) -> dict:
-        sink = OpenSearchSink(lk, target_url, config, until, refresh_interval_ms, in_flight)
-        return sink.run().as_dict()
-
-    try:
-        if lease:
-            from deltabus.adapters.serving.sink_lease import SinkLease, lease_group
-
-            group = lease_group("opensearch", config.table, osc.describe(target_url))
-            report = SinkLease(lk, group, lease_ttl_s).run(stop, serve)
-        else:
-            report = serve(stop)
-    except Exception as exc:
-        error = osc.user_error(exc, target_url)
-        if error is None:
-            raise
-        raise type(error)(osc.redact(error.problem, target_url), error.hint) from None
-    if not follow:  # the indexed document count next to the unified table's net content
-        from deltabus.adapters.serving.compare import unified_net_count
-
-        items = list(report.items())
-        at = [k for k, _ in items].index("indexed_docs") + 1
-        items.insert(at, ("unified_net_rows", unified_net_count(lk)))
-        report = dict(items)
-    emit("serve report", report)
-
-
-serve_app.command("opensearch")(needs_extra("serve", "deltabus serve opensearch")(serve_opensearch))
+    _serve(
+        Store("opensearch", osc, "indexed_docs"),
+        target_url,
+        config,
+        lease,
+        lease_ttl_s,
+        lambda lk, until: (
+            OpenSearchSink(lk, target_url, config, until, refresh_interval_ms, in_flight)
+            .run()
+            .as_dict()
+        ),
+    )
