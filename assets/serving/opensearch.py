@@ -9,18 +9,13 @@ index current; the checks judge either.
 """
 
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
     AssetExecutionContext,
-    Config,
     MaterializeResult,
-    MetadataValue,
     asset,
-    asset_check,
 )
-from pydantic import Field
 
-from assets.common import OWNERS, PIPELINE_GROUP, markdown_table
+from assets.common import OWNERS, PIPELINE_GROUP
+from assets.serving.checks import ServedCopy, build_serving_checks
 from deltabus.adapters.serving.opensearch import OpenSearchSink
 from deltabus.adapters.serving.opensearch_compare import compare_index, index_lag
 from deltabus.adapters.serving.sink_loop import ServeConfig
@@ -68,93 +63,16 @@ def indexed_unified(
     )
 
 
-def _difference(lake: LakeResource, opensearch: OpenSearchResource) -> dict:
-    return compare_index(lake.lake(), opensearch.url, opensearch.served_index())
-
-
-@asset_check(
-    asset=INDEXED_ASSET,
-    description="The index holds as many documents as timezone_unified's net content has rows.",
+INDEXING_CHECKS = build_serving_checks(
+    ServedCopy(
+        asset=INDEXED_ASSET,
+        verb="indexed",
+        resource_key="opensearch",
+        noun="the index",
+        entries="documents",
+        count_key="indexed_docs",
+        count_check="indexed_count_matches_unified",
+        compare=lambda lake, os: compare_index(lake, os.url, os.served_index()),
+        lag=lambda lake, os: index_lag(lake, os.url, os.served_index()),
+    )
 )
-def indexed_count_matches_unified(
-    lake: LakeResource, opensearch: OpenSearchResource
-) -> AssetCheckResult:
-    diff = _difference(lake, opensearch)
-    passed = diff["served_rows"] == diff["unified_net_rows"]
-    return AssetCheckResult(
-        passed=passed,
-        description=None
-        if passed
-        else f"{diff['served_rows']} documents indexed, {diff['unified_net_rows']} rows in "
-        "timezone_unified's net content: run indexed_unified (or the sink) to catch up",
-        metadata={
-            "indexed_docs": diff["served_rows"],
-            "unified_net_rows": diff["unified_net_rows"],
-        },
-    )
-
-
-@asset_check(
-    asset=INDEXED_ASSET,
-    description="The index's messages (and their timestamps) are exactly those of "
-    "timezone_unified's net content: none missing, none extra.",
-)
-def indexed_messages_match_unified(
-    lake: LakeResource, opensearch: OpenSearchResource
-) -> AssetCheckResult:
-    diff = _difference(lake, opensearch)
-    passed = not (diff["missing"] or diff["extra"] or diff["timestamp_mismatches"])
-    examples = [{"message": m, "problem": "missing"} for m in diff["missing_examples"]] + [
-        {"message": m, "problem": "extra"} for m in diff["extra_examples"]
-    ]
-    return AssetCheckResult(
-        passed=passed,
-        description=None
-        if passed
-        else f"{diff['missing']} messages missing, {diff['extra']} extra, "
-        f"{diff['timestamp_mismatches']} with another timestamp",
-        metadata={
-            "missing": diff["missing"],
-            "extra": diff["extra"],
-            "timestamp_mismatches": diff["timestamp_mismatches"],
-            "examples": MetadataValue.md(markdown_table(examples)),
-        },
-    )
-
-
-class IndexedLagConfig(Config):
-    lag_limit_s: float = Field(
-        default=60.0,
-        description="Warn when the index misses unified commits older than this (s).",
-    )
-
-
-@asset_check(
-    asset=INDEXED_ASSET,
-    name="indexed_lag_within_limit",
-    description="How far the index runs behind timezone_unified: the age of the oldest "
-    "unified commit it does not hold yet (0 when it holds them all).",
-)
-def indexed_lag_within_limit(
-    config: IndexedLagConfig,
-    lake: LakeResource,
-    opensearch: OpenSearchResource,
-) -> AssetCheckResult:
-    lag = index_lag(lake.lake(), opensearch.url, opensearch.served_index())
-    passed = lag["lag_s"] is not None and lag["lag_s"] <= config.lag_limit_s
-    return AssetCheckResult(
-        passed=passed,
-        severity=AssetCheckSeverity.WARN,
-        description=None
-        if passed
-        else f"{lag['versions_behind']} unified versions not indexed, the oldest "
-        f"{lag['lag_s']} s old (limit {config.lag_limit_s:g} s)",
-        metadata={k: lag[k] for k in ("position", "unified_version", "versions_behind", "lag_s")},
-    )
-
-
-INDEXING_CHECKS = [
-    indexed_count_matches_unified,
-    indexed_messages_match_unified,
-    indexed_lag_within_limit,
-]

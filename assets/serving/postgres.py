@@ -9,18 +9,13 @@ keeps the same table current; the checks judge either.
 """
 
 from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
     AssetExecutionContext,
-    Config,
     MaterializeResult,
-    MetadataValue,
     asset,
-    asset_check,
 )
-from pydantic import Field
 
-from assets.common import OWNERS, PIPELINE_GROUP, markdown_table
+from assets.common import OWNERS, PIPELINE_GROUP
+from assets.serving.checks import ServedCopy, build_serving_checks
 from deltabus.adapters.serving.compare import compare, serving_lag
 from deltabus.adapters.serving.postgres_sink import PostgresSink, ServeConfig
 from deltabus.apps.timezones.contracts import UNIFIED_TABLE
@@ -66,90 +61,16 @@ def served_unified(
     )
 
 
-def _difference(lake: LakeResource, postgres: PostgresResource) -> dict:
-    return compare(lake.lake(), postgres.dsn, postgres.served_table())
-
-
-@asset_check(
-    asset=SERVED_ASSET,
-    description="The served table has as many rows as timezone_unified's net content.",
+SERVING_CHECKS = build_serving_checks(
+    ServedCopy(
+        asset=SERVED_ASSET,
+        verb="served",
+        resource_key="postgres",
+        noun="the served table",
+        entries="rows",
+        count_key="served_rows",
+        count_check="served_row_count_matches_unified",
+        compare=lambda lake, pg: compare(lake, pg.dsn, pg.served_table()),
+        lag=lambda lake, pg: serving_lag(lake, pg.dsn, pg.served_table()),
+    )
 )
-def served_row_count_matches_unified(
-    lake: LakeResource, postgres: PostgresResource
-) -> AssetCheckResult:
-    diff = _difference(lake, postgres)
-    passed = diff["served_rows"] == diff["unified_net_rows"]
-    return AssetCheckResult(
-        passed=passed,
-        description=None
-        if passed
-        else f"{diff['served_rows']} rows served, {diff['unified_net_rows']} in "
-        "timezone_unified's net content: run served_unified (or the sink) to catch up",
-        metadata={k: diff[k] for k in ("served_rows", "unified_net_rows")},
-    )
-
-
-@asset_check(
-    asset=SERVED_ASSET,
-    description="The served table's messages (and their timestamps) are exactly those of "
-    "timezone_unified's net content: none missing, none extra.",
-)
-def served_messages_match_unified(
-    lake: LakeResource, postgres: PostgresResource
-) -> AssetCheckResult:
-    diff = _difference(lake, postgres)
-    passed = not (diff["missing"] or diff["extra"] or diff["timestamp_mismatches"])
-    examples = [{"message": m, "problem": "missing"} for m in diff["missing_examples"]] + [
-        {"message": m, "problem": "extra"} for m in diff["extra_examples"]
-    ]
-    return AssetCheckResult(
-        passed=passed,
-        description=None
-        if passed
-        else f"{diff['missing']} messages missing, {diff['extra']} extra, "
-        f"{diff['timestamp_mismatches']} with another timestamp",
-        metadata={
-            "missing": diff["missing"],
-            "extra": diff["extra"],
-            "timestamp_mismatches": diff["timestamp_mismatches"],
-            "examples": MetadataValue.md(markdown_table(examples)),
-        },
-    )
-
-
-class ServedLagConfig(Config):
-    lag_limit_s: float = Field(
-        default=60.0,
-        description="Warn when the served table misses unified commits older than this (s).",
-    )
-
-
-@asset_check(
-    asset=SERVED_ASSET,
-    name="served_lag_within_limit",
-    description="How far the served table runs behind timezone_unified: the age of the "
-    "oldest unified commit it does not hold yet (0 when it holds them all).",
-)
-def served_lag_within_limit(
-    config: ServedLagConfig,
-    lake: LakeResource,
-    postgres: PostgresResource,
-) -> AssetCheckResult:
-    lag = serving_lag(lake.lake(), postgres.dsn, postgres.served_table())
-    passed = lag["lag_s"] is not None and lag["lag_s"] <= config.lag_limit_s
-    return AssetCheckResult(
-        passed=passed,
-        severity=AssetCheckSeverity.WARN,
-        description=None
-        if passed
-        else f"{lag['versions_behind']} unified versions not served, the oldest "
-        f"{lag['lag_s']} s old (limit {config.lag_limit_s:g} s)",
-        metadata={k: lag[k] for k in ("position", "unified_version", "versions_behind", "lag_s")},
-    )
-
-
-SERVING_CHECKS = [
-    served_row_count_matches_unified,
-    served_messages_match_unified,
-    served_lag_within_limit,
-]
