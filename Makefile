@@ -96,11 +96,11 @@ chaos: venv minio-bin  ## seeded chaos soak: 10 min of SIGKILLs, MinIO restarts,
 	DELTABUS_CHAOS_SECONDS=$${CHAOS_SECONDS:-600} DELTABUS_CHAOS_SEED=$${SEED:-1} \
 	  $(PY) -m pytest -q -s tests/test_chaos_soak.py
 
-lint: venv dagster-home docs-check  ## ruff lint and format check, the import rules, the Dagster definitions load and validate, the docs check
+lint: venv dagster-home docs-check  ## ruff lint and format check, the import rules, the Dagster definitions (dg check defs), the docs check
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	.venv/bin/lint-imports
-	$(PY) -m dagster definitions validate -w workspace.yaml
+	VIRTUAL_ENV=$(CURDIR)/.venv .venv/bin/dg check defs
 
 docs: venv  ## regenerate the configuration table and the CLI reference in docs/
 	$(PY) -m tools.docs generate

@@ -162,7 +162,7 @@ def webserver(daemon: QueueDaemon) -> Iterator[DagsterGraphQLClient]:
             if proc.poll() is not None:
                 raise LaunchError(
                     f"dagster-webserver exited with code {proc.returncode} (its output is "
-                    "above); `dagster definitions validate -w workspace.yaml` shows why the "
+                    "above); `dg check defs` shows why the "
                     "code location does not load"
                 )
             if time.monotonic() > deadline:
