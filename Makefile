@@ -6,7 +6,7 @@ UV_VERSION := 0.13.8
 export GX_ANALYTICS_ENABLED := false
 export DAGSTER_HOME ?= $(CURDIR)/.deltabus/dagster_home
 
-.PHONY: help venv kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test multihost chaos spark lint format bench ui clean docs docs-check deploy-check
+.PHONY: help venv baseline kafka-jars opensearch-jars opensearch opensearch-down minio-bin toxiproxy-bin minio minio-down postgres postgres-down dagster-home demo test multihost chaos spark lint format bench ui clean docs docs-check deploy-check
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -60,6 +60,15 @@ BENCH_WORKLOADS ?= sweep-100ms sweep-1000ms idle store-s3-standard
 
 bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweeps of workloads/ (Kafka side by side, idle cost, behind an S3 Standard latency profile); reports in bench-out/
 	for w in $(BENCH_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml || exit 1; done
+
+BASELINE_WORKLOADS ?= sweep-100ms sweep-1000ms idle store-s3-standard store-s3-express serve-postgres serve-opensearch
+BASELINE_OUT ?= bench-out/baseline
+
+baseline: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run BASELINE_WORKLOADS from a clean checkout and write docs/benchmarks/baseline.md from their reports (one date, commit, CPU)
+	@test -z "$$(git status --porcelain --untracked-files=no)" || { echo "baseline: commit or stash your changes first: a baseline names one clean commit" >&2; exit 2; }
+	rm -rf $(BASELINE_OUT)
+	for w in $(BASELINE_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml --out $(BASELINE_OUT)/$$w || exit 1; done
+	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --out docs/benchmarks/baseline.md
 
 opensearch-jars:  ## fetch the embedded OpenSearch node's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/opensearch.sh fetch

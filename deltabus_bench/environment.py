@@ -94,16 +94,43 @@ def _relay_process(tmp: Path) -> Iterator[tuple[str, int]]:
             proc.kill()
 
 
-def machine_description() -> str:
-    """CPU model and count, memory, kernel, Python: enough to compare figures across hosts."""
-    model = "unknown CPU"
+def cpu_model() -> str:
+    """The CPU's model name (`lscpu`'s), or "unknown CPU"."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return "unknown CPU"
+
+
+def source_commit() -> str | None:
+    """The short commit of the code measured, with "+dirty" when the working tree differs
+    from it; None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        )
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def machine_description() -> str:
+    """CPU model and count, memory, kernel, Python: enough to compare figures across hosts."""
+    model = cpu_model()
     mem = ""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

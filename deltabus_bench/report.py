@@ -88,9 +88,17 @@ def etl_line(runs: list[RunSummary]) -> str:
 def report_json(
     profile: str, machine: str, command: str, runs: list[RunSummary], store: str = "loopback"
 ) -> dict[str, Any]:
-    """Exactly {profile, store, machine, command, runs: [...], highest_keeping_up_rate}
-    with the documented run keys; `store` as `store_description` gives it."""
+    """Exactly {date, commit, cpu, profile, store, machine, command, runs: [...],
+    highest_keeping_up_rate} with the documented run keys; `store` as
+    `store_description` gives it, `date` is when the report was written (UTC)."""
+    from datetime import UTC, datetime
+
+    from deltabus_bench.environment import cpu_model, source_commit
+
     report = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": source_commit(),
+        "cpu": cpu_model(),
         "profile": profile,
         "store": store_description(store),
         "machine": machine,

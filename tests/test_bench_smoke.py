@@ -48,7 +48,9 @@ def check_report(
 ) -> dict:
     report = json.loads((out / "report.json").read_text())
     keys = {"profile", "store", "machine", "command", "runs", "highest_keeping_up_rate"}
-    assert set(report) == keys
+    assert set(report) == keys | {"date", "commit", "cpu"}
+    assert report["cpu"] in report["machine"] and report["date"].endswith(" UTC")
+    assert report["commit"] is None or len(report["commit"].split("+")[0]) >= 7
     assert report["profile"] == "100ms"
     assert report["store"]["profile"] == store
     assert "cores" in report["machine"] and report["command"].startswith("deltabus bench")

@@ -1,0 +1,86 @@
+"""`python -m deltabus_bench.baseline`: one page from reports of one date, commit and CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deltabus_bench.baseline import BaselineError, baseline_markdown, find_reports
+
+RUN = {
+    "rate": 10000,
+    "backbone": "delta",
+    "etl": "pathway",
+    "lost": 0,
+    "p50": 0.123,
+    "p99": 0.456,
+    "verdict": "keeping up",
+    "cost": {"cpu_s_per_million_msgs_total": 49.6, "requests_per_million_msgs": 12976.0},
+}
+
+
+def report(folder: Path, **fields: object) -> Path:
+    body = {
+        "date": "2026-11-28 18:40 UTC",
+        "commit": "1a2b3c4",
+        "cpu": "Intel(R) Xeon(R) Processor",
+        "profile": "100ms",
+        "store": {"profile": "loopback", "summary": "MinIO on loopback"},
+        "machine": "2 cores (Intel(R) Xeon(R) Processor)",
+        "command": "deltabus bench --rates 10000",
+        "runs": [RUN],
+        "highest_keeping_up_rate": {"delta": 10000},
+    } | fields
+    folder.mkdir(parents=True)
+    (folder / "report.json").write_text(json.dumps(body))
+    return folder
+
+
+def test_reports_of_one_run_make_one_page(tmp_path: Path) -> None:
+    report(tmp_path / "out" / "100ms")
+    report(tmp_path / "out" / "store-s3-standard", store={"profile": "s3-standard"})
+    page = baseline_markdown(find_reports([tmp_path / "out"]))
+    assert "One baseline: 2026-11-28, commit 1a2b3c4, Intel(R) Xeon(R) Processor." in page
+    assert page.count("| delta | pathway | 10,000 | 0.12 | 0.46 | keeping up | 49.6 |") == 2
+    assert "## 100ms" in page and "## store-s3-standard" in page
+    assert "Highest rate keeping up: delta 10,000." in page
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"commit": "9f8e7d6"},
+        {"date": "2026-11-27 09:00 UTC"},
+        {"cpu": "AMD EPYC"},
+        {"commit": "1a2b3c4+dirty"},
+        {"commit": None},
+    ],
+)
+def test_mixed_or_unknown_provenance_is_refused(tmp_path: Path, odd: dict) -> None:
+    report(tmp_path / "a")
+    report(tmp_path / "b", **odd)
+    with pytest.raises(BaselineError, match="one date, one clean commit and one CPU model"):
+        baseline_markdown(find_reports([tmp_path / "a", tmp_path / "b"]))
+
+
+def test_command_line_exits_2_with_one_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "deltabus_bench.baseline", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"baseline: error: no report.json under {tmp_path}"
+    report(tmp_path / "run")
+    out = tmp_path / "results.md"
+    written = subprocess.run(
+        [sys.executable, "-m", "deltabus_bench.baseline", str(tmp_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert written.returncode == 0, written.stderr
+    assert out.read_text().startswith("# Benchmark results\n")
