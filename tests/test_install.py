@@ -227,9 +227,10 @@ def test_the_wheel_has_no_benchmark_and_says_where_it_is(
             cwd=tmp_path,
         )
         assert result.returncode == 2, result.stdout + result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "deltabus_bench" in lines[0], result.stderr
-        assert "checkout of the deltabus repository" in lines[0], result.stderr
+        problem, fix = result.stderr.strip().splitlines()  # the error, then how to fix it
+        assert "deltabus_bench" in problem and "not installed" in problem, result.stderr
+        assert fix.strip().startswith("fix:"), result.stderr
+        assert "checkout of the deltabus repository" in fix, result.stderr
 
 
 def _names(requirements: list[str]) -> tuple[set[str], set[str]]:
