@@ -61,14 +61,16 @@ BENCH_WORKLOADS ?= sweep-100ms sweep-1000ms idle store-s3-standard
 bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweeps of workloads/ (Kafka side by side, idle cost, behind an S3 Standard latency profile); reports in bench-out/
 	for w in $(BENCH_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml || exit 1; done
 
+# Most tests wait on servers and child processes: two processes keep both cores busy.
+TEST_WORKERS ?= 2
 BASELINE_WORKLOADS ?= sweep-100ms sweep-1000ms idle store-s3-standard store-s3-express serve-postgres serve-opensearch
 BASELINE_OUT ?= bench-out/baseline
 
-baseline: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run BASELINE_WORKLOADS from a clean checkout and write docs/benchmarks/baseline.md from their reports (one date, commit, CPU)
+baseline: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run BASELINE_WORKLOADS from a clean checkout and write docs/benchmarks/results.md from their reports (one date, commit, CPU)
 	@test -z "$$(git status --porcelain --untracked-files=no)" || { echo "baseline: commit or stash your changes first: a baseline names one clean commit" >&2; exit 2; }
 	rm -rf $(BASELINE_OUT)
 	for w in $(BASELINE_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml --out $(BASELINE_OUT)/$$w || exit 1; done
-	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --out docs/benchmarks/baseline.md
+	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --out docs/benchmarks/results.md
 
 opensearch-jars:  ## fetch the embedded OpenSearch node's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/opensearch.sh fetch
@@ -84,7 +86,7 @@ kafka-jars:  ## fetch Apache Kafka's and Kafka Streams' jars with Maven, compile
 	bash platform/kafka-streams.sh build
 
 test: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run the test suite (starts its own MinIO)
-	$(PY) -m pytest -q -m "not multihost and not spark" --durations=20
+	$(PY) -m pytest -q -m "not multihost and not spark" -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 multihost:  ## (root) link cuts under ETL replicas and group members on 5 network-namespace hosts
 	@if [ "$$(id -u)" != 0 ]; then \

@@ -48,6 +48,38 @@ def test_reports_of_one_run_make_one_page(tmp_path: Path) -> None:
     assert page.count("| delta | pathway | 10,000 | 0.12 | 0.46 | keeping up | 49.6 |") == 2
     assert "## 100ms" in page and "## store-s3-standard" in page
     assert "Highest rate keeping up: delta 10,000." in page
+    assert (
+        "| 100ms | loopback | 100ms | 10,000 | 0.12 / 0.46 | 10,000 (the highest tried) |" in page
+    )
+    row = "| store-s3-standard | s3-standard | 100ms | 10,000 | 0.12 / 0.46 |"
+    assert f"{row} 10,000 (the highest tried) |" in page
+
+
+def test_serving_stages_and_idle_cost_have_their_lines(tmp_path: Path) -> None:
+    serving = {
+        "backend": "opensearch",
+        "not_served": 0,
+        "verdict": "keeping up",
+        "unified_commit_to_opensearch": {"p50": 0.506, "p99": 1.365},
+        "sent_to_opensearch": {"p50": 0.961, "p99": 1.737},
+        "replay": {"rows_per_s": 23020},
+    }
+    idle = {
+        "seconds": 60,
+        "cpu_pct_of_one_core": {"etl": 1.5, "minio": 2.0, "machine": 9.0},
+        "requests_per_s": {"total": 4.2},
+        "first_after_idle_s": 0.31,
+    }
+    runs = [
+        RUN | {"serving": serving},
+        RUN | {"rate": 20000, "cost": RUN["cost"] | {"idle": idle}},
+    ]
+    report(tmp_path / "serve", runs=runs, highest_keeping_up_rate={"delta": None})
+    page = baseline_markdown(find_reports([tmp_path / "serve"]))
+    assert "| serve | loopback | 100ms | 10,000 | 0.12 / 0.46 | none |" in page
+    assert "| opensearch | 10,000 | 0.51 / 1.36 | 1.74 | keeping up | 0 | 23,020 |" in page
+    assert "Idle after the 20,000 msg/s run (60 s without traffic): 3.5 % of one core" in page
+    assert "4.2 requests/s; the first messages after it: 0.31 s." in page
 
 
 @pytest.mark.parametrize(

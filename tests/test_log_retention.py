@@ -56,6 +56,29 @@ def test_expired_log_keeps_state_and_is_detected(tmp_path: Path) -> None:
         tail.commit(1)
 
 
+def test_a_version_that_landed_with_its_checkpoint_after_a_miss_is_not_expired(
+    tmp_path: Path,
+) -> None:
+    """A tail finds version 2 missing; the writer then commits it and checkpoints at 2
+    before the tail looks at the checkpoint. That is a version that landed, not one that
+    expired: the tail reads it next."""
+    from deltalake import DeltaTable
+
+    lake = Lake(Settings(storage="local", local_root=tmp_path / "lake", prefix="p"))
+    config = ProducerConfig(rate=1000, count=20, commit_interval=0.01, run_id="race")
+    TimezoneProducer(lake, config).run()
+    table = DeltaTable(lake.uri("timezone1"))
+    assert table.version() >= 2
+    table.create_checkpoint()
+    tail = DeltaLogTail(lake, "timezone1")
+    tail._check_not_expired(table.version())  # the tail's miss came before the commit
+    assert tail.commit(table.version()) is not None
+    (Path(lake.uri("timezone1")) / "_delta_log" / f"{table.version():020d}.json").unlink()
+    tail._expiry_checked = 0.0
+    with pytest.raises(StorageError, match="expired from the Delta log"):
+        tail._check_not_expired(table.version())  # gone behind the checkpoint: expired
+
+
 def test_lag_agrees_with_the_etl_after_log_cleanup(tmp_path: Path) -> None:
     """The service's lag reads positions as the ETL does, also once ETL commits expired."""
     from deltalake import DeltaTable

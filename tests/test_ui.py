@@ -145,8 +145,8 @@ def webserver(minio, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
+        try:  # the DAGSTER_HOME is thrown away: no reason to wait out a slow shutdown
+            proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)

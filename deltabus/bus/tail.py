@@ -201,10 +201,12 @@ class DeltaLogTail:
         """A missing log file is either in the future or expired: tell them apart.
 
         Log files behind a checkpoint and older than the table's log retention are
-        deleted. If the last checkpoint is at or past `version`, this reader lagged more
-        than the retention and the rows of that commit can no longer be tailed: stop
-        loudly rather than skip them. Checked at most every EXPIRY_CHECK_S, it costs one
-        GET (at 5 s, half a request per second of an idle pipeline's five).
+        deleted. If the last checkpoint is at or past `version` and the log file is still
+        missing, this reader lagged more than the retention and the rows of that commit
+        can no longer be tailed: stop loudly rather than skip them. The second look tells
+        a version that landed (and was checkpointed) since the first read from one that
+        expired. Checked at most every EXPIRY_CHECK_S, it costs one GET (at 5 s, half a
+        request per second of an idle pipeline's five).
         """
         now = time.monotonic()
         if now - self._expiry_checked < EXPIRY_CHECK_S:
@@ -221,6 +223,9 @@ class DeltaLogTail:
             self._expiry_checked = 0.0
             return
         if checkpoint >= version:
+            if self.log.commit(version) is not None:
+                self._expiry_checked = 0.0  # it landed after the caller's read: not expired
+                return
             raise StorageError(
                 f"{self.table} version {version} expired from the Delta log before it was "
                 f"read (checkpoint at {checkpoint}): this reader lagged more than the "

@@ -262,10 +262,14 @@ class OpenSearchNode:
         (self.base_dir / PID_FILE).unlink(missing_ok=True)
 
     def cleanup(self) -> None:
-        """Stop the node and remove its directory when it was a temporary one."""
-        self.stop()
+        """Stop the node and remove its directory when it was a temporary one; a temporary
+        node is killed, as nothing it would flush is kept."""
         if self.temporary:
+            self.kill()
+            self.process = None
             shutil.rmtree(self.base_dir, ignore_errors=True)
+        else:
+            self.stop()
 
     def __enter__(self) -> OpenSearchNode:
         return self.start()
