@@ -1,6 +1,7 @@
 """A tail on a remote store fetches a deltabus writer's next data file together with the
-next commit (the writer names it in the commit before), and reads the same rows as
-without; on loopback it sends no request ahead."""
+next commit (the writer names it in the commit before), and a tail that is behind reads
+the next log entries and their files side by side (`read_ahead`); both read the same rows
+as without. On loopback neither sends a request ahead."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 
 from deltabus.adapters.dev.minio_process import MinioServer
 from deltabus.apps.timezones.contracts import INPUT_SCHEMA
-from deltabus.bus.tail import DeltaLogTail
+from deltabus.bus.tail import READ_AHEAD_MAX, DeltaLogTail
 from deltabus.delta.append import TableAppender
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import ensure_table
@@ -68,3 +69,49 @@ def test_next_data_file_comes_with_the_commit_on_a_remote_store(
     )
     assert local_seen == expected
     assert local_tail.fetched_ahead == 0
+
+
+def _read_backlog(lake: Lake) -> tuple[DeltaLogTail, list[str]]:
+    """Append COMMITS commits, then tail them as the Pathway connector does when behind:
+    a read-ahead window sent before each read."""
+    dt = ensure_table(lake, "backlog", INPUT_SCHEMA)
+    appender = TableAppender(lake, "backlog", dt)
+    for i in range(COMMITS):
+        appender.append_once(_batch(i), app_id="w", seq=i, custom_metadata={}, what="append")
+    tail = DeltaLogTail(lake, "backlog")
+    tail.start(1)
+    seen: list[str] = []
+    for version in range(1, COMMITS + 1):
+        tail.read_ahead(version + 1, READ_AHEAD_MAX)
+        commit = tail.commit(version)
+        assert commit is not None
+        rows = tail.rows(commit)
+        assert rows is not None
+        seen += rows.column("message").to_pylist()
+    assert tail.commit(COMMITS + 1) is None
+    tail.read_ahead(COMMITS + 1, READ_AHEAD_MAX)  # ahead of the end: nothing there yet
+    appender.append_once(_batch(99), app_id="w", seq=COMMITS, custom_metadata={}, what="a")
+    late = tail.commit(COMMITS + 1)  # found missing ahead, landed since: read again
+    assert late is not None and tail.rows(late).num_rows == 3
+    return tail, seen
+
+
+def test_a_tail_behind_reads_the_backlog_side_by_side_on_a_remote_store(
+    minio: MinioServer, toxiproxy: Path, tmp_path: Path
+) -> None:
+    expected = [f"m{i}-{k}" for i in range(COMMITS) for k in range(3)]
+    with StoreProxy(
+        PROFILES["s3-standard"], minio.endpoint, tmp_path, seed=3, binary=toxiproxy
+    ) as proxy:
+        settings = minio_settings_for(minio, f"behind-{uuid.uuid4().hex[:8]}")
+        remote = Lake(settings.model_copy(update={"minio_endpoint": proxy.endpoint}))
+        tail, seen = _read_backlog(remote)
+    assert seen == expected  # in order, each once
+    # Once the store is known to be remote (20 GETs), the entries come from reads ahead.
+    assert tail.read_ahead_hits >= COMMITS - 20, tail.read_ahead_hits
+
+    local_tail, local_seen = _read_backlog(
+        Lake(minio_settings_for(minio, f"behind-{uuid.uuid4().hex[:8]}"))
+    )
+    assert local_seen == expected
+    assert local_tail.read_ahead_hits == 0

@@ -45,6 +45,10 @@ from deltabus.delta.table_schema import TableState
 
 log = logging.getLogger(__name__)
 
+# Log entries a tail may have in flight ahead of the one it reads (`read_ahead`), and the
+# largest data file it fetches beside them (larger ones are read when their rows are).
+READ_AHEAD_MAX = 8
+READ_AHEAD_FILE_BYTES = 8 * 1024 * 1024
 # A tail that finds no next commit checks this often whether it was expired instead: a
 # reader that lagged past the log retention (days) learns it within half a minute.
 EXPIRY_CHECK_S = 30.0
@@ -139,6 +143,9 @@ class DeltaLogTail:
         # with that commit, saving a round trip.
         self._announced: tuple[int, str] | None = None
         self.fetched_ahead = 0  # commits whose data file came with the commit's GET
+        # Log entries sent ahead of their read (`read_ahead`), by version.
+        self._log_ahead: dict[int, Future[bytes | None]] = {}
+        self.read_ahead_hits = 0  # commits that came from a read ahead
 
     # -- table state ---------------------------------------------------------------------
 
@@ -152,6 +159,36 @@ class DeltaLogTail:
         if state is not None:
             state.check(self.table, version - 1)
         self.state, self._next = state, version
+        self._log_ahead.clear()
+        self.files.forget_ahead()
+
+    def read_ahead(self, first: int, count: int) -> None:
+        """Send the GETs of log entries `first` .. `first + count - 1` now (at most
+        `READ_AHEAD_MAX` in flight), so that a tail that is behind reads several versions
+        in the time of one round trip; on a local store it does nothing. An entry found
+        missing ahead is read again when asked for: it may have landed since."""
+        if self._store is None or not hedge.remote(self._store):
+            return
+        for version in range(first, first + count):
+            if len(self._log_ahead) >= READ_AHEAD_MAX:
+                break
+            if version not in self._log_ahead:
+                self._log_ahead[version] = self.log.commit_later(version)
+
+    def _read_log(self, version: int) -> bytes | None:
+        """The log entry of `version`: from a read ahead when one was sent, else one GET."""
+        for stale in [v for v in self._log_ahead if v < version]:
+            del self._log_ahead[stale]
+        ahead = self._log_ahead.pop(version, None)
+        if ahead is not None:
+            try:
+                raw = ahead.result()
+            except Exception:  # noqa: BLE001 - read again below, raising what it raises
+                raw = None
+            if raw is not None:
+                self.read_ahead_hits += 1
+                return raw
+        return self.log.commit(version)
 
     def _state_before(self, version: int) -> TableState:
         snapshot = snapshot_at(self.log, version - 1)
@@ -243,12 +280,14 @@ class DeltaLogTail:
         (unless skipping such commits); then nothing of this version is returned.
         """
         ahead = self._fetch_announced(version)
-        raw = self.log.commit(version)
+        raw = self._read_log(version)
         if raw is None:
             self._check_not_expired(version)
             return None
         actions = parse_actions(raw)
         self._take_announced(version, actions, ahead)
+        if self._log_ahead:  # behind: fetch this version's files beside the next entries
+            self._fetch_files_later(actions)
         if self._next != version:
             self.start(version)
         before = self.state
@@ -305,6 +344,15 @@ class DeltaLogTail:
             )
         self.state, self._next = state, version + 1
         return commit
+
+    def _fetch_files_later(self, actions: dict[str, Any]) -> None:
+        """Send the GETs of the small data files a commit adds now, so that reading a
+        window of commits costs about one round trip, not one per file."""
+        for add in actions.get("add") or []:
+            size = add.get("size")
+            if add.get("dataChange", True) and not add.get("deletionVector") and size:
+                if int(size) <= READ_AHEAD_FILE_BYTES:
+                    self.files.fetch_later(add["path"])
 
     def _fetch_announced(self, version: int) -> Future[bytes] | None:
         """A GET of the data file announced for `version`, sent now, on a remote store."""

@@ -18,8 +18,9 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, TypeVar
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, PreconditionError
@@ -33,8 +34,12 @@ FLOOR_S = 0.005
 WINDOW = 256  # recent GET latencies the percentile is taken over
 RECOMPUTE_EVERY = 32
 HEDGE_PERCENTILE = 0.95
+T = TypeVar("T")
+
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hedged-get")
-_AHEAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="get-ahead")
+# Reads sent ahead of their need: a data file announced with its commit, and a tail's
+# read-ahead window of log entries and their files (deltabus.bus.tail).
+_AHEAD = ThreadPoolExecutor(max_workers=16, thread_name_prefix="get-ahead")
 # A store whose median GET takes longer than this is remote: a GET sent ahead of need
 # saves a round trip there, and on loopback would only add a request.
 REMOTE_MEDIAN_S = 0.005
@@ -116,6 +121,11 @@ def _is_remote(timer: GetTimer) -> bool:
 def get_later(store: Any, key: str) -> Future[bytes]:
     """`get(store, key)` on a thread of its own pool: its answer when it is needed."""
     return _AHEAD.submit(get, store, key)
+
+
+def submit_ahead(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """`fn(*args)` on the read-ahead pool: for reads sent before they are needed."""
+    return _AHEAD.submit(fn, *args)
 
 
 def _fetch(store: Any, key: str, timer: GetTimer) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -76,6 +77,10 @@ class DeltaLog:
 
     def commit(self, version: int) -> bytes | None:
         return self.read(f"{version:020d}.json")
+
+    def commit_later(self, version: int) -> Future[bytes | None]:
+        """`commit(version)` sent now on a thread of its own: its answer when needed."""
+        return hedge.submit_ahead(self.commit, version)
 
     def last_checkpoint(self) -> dict[str, Any] | None:
         raw = self.read("_last_checkpoint")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from concurrent.futures import Future
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -24,6 +25,8 @@ from deltabus.delta.change_plan import FilePart
 from deltabus.delta.deletion_vectors import decode_roaring_array, dv_relative_path, z85_decode
 from deltabus.delta.table_schema import TableState, partition_array
 
+# Files fetched ahead and not read yet, at most: the oldest is dropped past it.
+MAX_AHEAD_FILES = 64
 # Data files up to this size are read with one GET (size from the log's `add.size`).
 WHOLE_FILE_BYTES = 64 * 1024 * 1024
 
@@ -38,13 +41,29 @@ class TableFiles:
         self.store = store
         self.table = table
         self.root = root.rstrip("/")
-        # Bytes of data files fetched ahead of their commit (`fetched_ahead`), by key.
-        self._ahead: dict[str, bytes] = {}
+        # Data files fetched ahead of their read, by key: their bytes (`fetched_ahead`)
+        # or a GET on its way (`fetch_later`). A read takes its entry out.
+        self._ahead: dict[str, bytes | Future[bytes]] = {}
 
     def fetched_ahead(self, name: str, data: bytes) -> None:
         """`data` is the content of the table's file `name` (relative to the table): the
         next read of that file takes it instead of a GET."""
-        self._ahead = {self.resolve(name): data}
+        self._keep_ahead(self.resolve(name), data)
+
+    def fetch_later(self, name: str) -> None:
+        """Send the GET of the table's file `name` now; its next read takes the answer."""
+        key = self.resolve(name)
+        if key not in self._ahead:
+            self._keep_ahead(key, hedge.get_later(self.store, key))
+
+    def _keep_ahead(self, key: str, entry: bytes | Future[bytes]) -> None:
+        while len(self._ahead) >= MAX_AHEAD_FILES:
+            del self._ahead[next(iter(self._ahead))]
+        self._ahead[key] = entry
+
+    def forget_ahead(self) -> None:
+        """Drop what was fetched ahead (a tail repositioned: those reads may not come)."""
+        self._ahead.clear()
 
     def resolve(self, path: str) -> str:
         """The store key of a log path (relative to the table, or an absolute URI inside
@@ -119,6 +138,11 @@ class TableFiles:
         two ranged GETs, footer then columns); a larger one is read by ranged GETs.
         """
         ahead = self._ahead.pop(key, None)
+        if isinstance(ahead, Future):
+            try:
+                ahead = ahead.result()
+            except Exception:  # noqa: BLE001 - read as usual below, raising what it raises
+                ahead = None
         if ahead is not None and (size is None or len(ahead) == int(size)):
             return pa.BufferReader(pa.py_buffer(ahead))
         if size is not None and int(size) <= WHOLE_FILE_BYTES:

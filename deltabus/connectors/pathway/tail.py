@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pathway as pw
 
 from deltabus.bus.pacing import Pacer
-from deltabus.bus.tail import Commit, DeltaLogTail
+from deltabus.bus.tail import READ_AHEAD_MAX, Commit, DeltaLogTail
 from deltabus.core.errors import DeltabusError, StorageError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import NOT_DELTA_GRACE_S, Lake
@@ -180,6 +180,8 @@ class TableTail(pw.io.python.ConnectorSubject):
         commits: list[Commit] = []
         notified = pacer.latest_notified()
         upto = notified if notified is not None and notified >= self.next_version else None
+        if upto is not None:  # these versions have landed: read them side by side
+            tail.read_ahead(self.next_version, min(upto - self.next_version + 1, READ_AHEAD_MAX))
         while len(commits) < self.max_versions_per_read:
             version = self.next_version + len(commits)
             if upto is not None and version > upto:
@@ -193,4 +195,6 @@ class TableTail(pw.io.python.ConnectorSubject):
             commits.append(commit)
             if upto is None and not pacer.next_landed(commit.timestamp_ms):
                 break  # the next one is not due yet: no GET that would find nothing
+            if len(commits) >= 2:  # two versions had landed: behind, read on side by side
+                tail.read_ahead(version + 1, READ_AHEAD_MAX)
         return commits, None
