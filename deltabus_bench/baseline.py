@@ -84,22 +84,24 @@ def _run_row(run: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _summary_row(report: Report) -> str | None:
-    """One line per workload: its lowest rate's latency and the highest rate kept up with,
-    for the Delta bus (the first backbone the report names)."""
-    runs = [r for r in report.body.get("runs", []) if r.get("backbone") == "delta"]
-    if not runs:
-        return None
-    lowest = min(runs, key=lambda r: r["rate"])
-    highest = (report.body.get("highest_keeping_up_rate") or {}).get("delta")
-    store = (report.body.get("store") or {}).get("profile", "loopback")
-    kept = "none" if highest is None else f"{highest:,}"
-    if highest is not None and highest == max(r["rate"] for r in runs):
-        kept += " (the highest tried)"
-    return (
-        f"| {report.name} | {store} | {report.body.get('profile')} | {lowest['rate']:,} | "
-        f"{_seconds(lowest.get('p50'))} / {_seconds(lowest.get('p99'))} | {kept} |"
-    )
+def _summary_rows(report: Report) -> list[str]:
+    """One line per workload and backbone: the lowest rate's latency and the highest rate
+    kept up with."""
+    rows = []
+    for backbone in dict.fromkeys(r.get("backbone") for r in report.body.get("runs", [])):
+        runs = [r for r in report.body["runs"] if r.get("backbone") == backbone]
+        lowest = min(runs, key=lambda r: r["rate"])
+        highest = (report.body.get("highest_keeping_up_rate") or {}).get(backbone)
+        store = (report.body.get("store") or {}).get("profile", "loopback")
+        kept = "none" if highest is None else f"{highest:,}"
+        if highest is not None and highest == max(r["rate"] for r in runs):
+            kept += " (the highest tried)"
+        rows.append(
+            f"| {report.name} | {backbone} | {store} | {report.body.get('profile')} | "
+            f"{lowest['rate']:,} | {_seconds(lowest.get('p50'))} / "
+            f"{_seconds(lowest.get('p99'))} | {kept} |"
+        )
+    return rows
 
 
 def _serving_lines(runs: list[dict[str, Any]]) -> list[str]:
@@ -166,10 +168,10 @@ def baseline_markdown(reports: list[Report]) -> str:
         "per million messages over every process; requests are the store's, per million",
         "messages.",
         "",
-        "| workload | store | commits | lowest rate msg/s | p50 / p99 there "
+        "| workload | backbone | store | commits | lowest rate msg/s | p50 / p99 there "
         "| highest rate keeping up |",
-        "|---|---|---|---|---|---|",
-        *filter(None, (_summary_row(report) for report in reports)),
+        "|---|---|---|---|---|---|---|",
+        *(row for report in reports for row in _summary_rows(report)),
     ]
     for report in reports:
         body = report.body

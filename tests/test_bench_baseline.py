@@ -48,10 +48,9 @@ def test_reports_of_one_run_make_one_page(tmp_path: Path) -> None:
     assert page.count("| delta | pathway | 10,000 | 0.12 | 0.46 | keeping up | 49.6 |") == 2
     assert "## 100ms" in page and "## store-s3-standard" in page
     assert "Highest rate keeping up: delta 10,000." in page
-    assert (
-        "| 100ms | loopback | 100ms | 10,000 | 0.12 / 0.46 | 10,000 (the highest tried) |" in page
-    )
-    row = "| store-s3-standard | s3-standard | 100ms | 10,000 | 0.12 / 0.46 |"
+    first = "| 100ms | delta | loopback | 100ms | 10,000 | 0.12 / 0.46 |"
+    assert f"{first} 10,000 (the highest tried) |" in page
+    row = "| store-s3-standard | delta | s3-standard | 100ms | 10,000 | 0.12 / 0.46 |"
     assert f"{row} 10,000 (the highest tried) |" in page
 
 
@@ -76,7 +75,7 @@ def test_serving_stages_and_idle_cost_have_their_lines(tmp_path: Path) -> None:
     ]
     report(tmp_path / "serve", runs=runs, highest_keeping_up_rate={"delta": None})
     page = baseline_markdown(find_reports([tmp_path / "serve"]))
-    assert "| serve | loopback | 100ms | 10,000 | 0.12 / 0.46 | none |" in page
+    assert "| serve | delta | loopback | 100ms | 10,000 | 0.12 / 0.46 | none |" in page
     assert "| opensearch | 10,000 | 0.51 / 1.36 | 1.74 | keeping up | 0 | 23,020 |" in page
     assert "Idle after the 20,000 msg/s run (60 s without traffic): 3.5 % of one core" in page
     assert "4.2 requests/s; the first messages after it: 0.31 s." in page
@@ -116,3 +115,11 @@ def test_command_line_exits_2_with_one_clear_error(tmp_path: Path) -> None:
     )
     assert written.returncode == 0, written.stderr
     assert out.read_text().startswith("# Benchmark results\n")
+
+
+def test_each_backbone_of_a_side_by_side_run_has_its_summary_row(tmp_path: Path) -> None:
+    runs = [RUN, RUN | {"backbone": "kafka", "p50": 0.05, "p99": 0.09}]
+    report(tmp_path / "sweep", runs=runs, highest_keeping_up_rate={"delta": 10000, "kafka": None})
+    page = baseline_markdown(find_reports([tmp_path / "sweep"]))
+    assert "| sweep | delta | loopback | 100ms | 10,000 | 0.12 / 0.46 | 10,000 (the highest" in page
+    assert "| sweep | kafka | loopback | 100ms | 10,000 | 0.05 / 0.09 | none |" in page
