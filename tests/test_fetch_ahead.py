@@ -6,6 +6,7 @@ as without. On loopback neither sends a request ahead."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,25 +50,36 @@ def _append_and_tail(lake: Lake) -> tuple[DeltaLogTail, list[str]]:
     return tail, seen
 
 
+EXPECTED = [f"m{i}-{k}" for i in range(COMMITS) for k in range(3)]
+
+
+def _remote_and_local(
+    minio: MinioServer,
+    toxiproxy: Path,
+    tmp_path: Path,
+    seed: int,
+    run: Callable[[Lake], tuple[DeltaLogTail, list[str]]],
+) -> tuple[DeltaLogTail, DeltaLogTail]:
+    """`run` on a fresh lake behind the s3-standard profile, then on loopback; both must
+    read EXPECTED. Their tails."""
+    with StoreProxy(
+        PROFILES["s3-standard"], minio.endpoint, tmp_path, seed=seed, binary=toxiproxy
+    ) as proxy:
+        settings = minio_settings_for(minio, f"ahead-{uuid.uuid4().hex[:8]}")
+        remote, seen = run(Lake(settings.model_copy(update={"minio_endpoint": proxy.endpoint})))
+    assert seen == EXPECTED  # in order, each once
+    local, local_seen = run(Lake(minio_settings_for(minio, f"ahead-{uuid.uuid4().hex[:8]}")))
+    assert local_seen == EXPECTED
+    return remote, local
+
+
 def test_next_data_file_comes_with_the_commit_on_a_remote_store(
     minio: MinioServer, toxiproxy: Path, tmp_path: Path
 ) -> None:
-    expected = [f"m{i}-{k}" for i in range(COMMITS) for k in range(3)]
-    with StoreProxy(
-        PROFILES["s3-standard"], minio.endpoint, tmp_path, seed=2, binary=toxiproxy
-    ) as proxy:
-        settings = minio_settings_for(minio, f"ahead-{uuid.uuid4().hex[:8]}")
-        remote = Lake(settings.model_copy(update={"minio_endpoint": proxy.endpoint}))
-        tail, seen = _append_and_tail(remote)
-    assert seen == expected
+    tail, local_tail = _remote_and_local(minio, toxiproxy, tmp_path, 2, _append_and_tail)
     # Once the store's median GET is known to be remote (after 20 GETs), every commit's
     # file comes with its commit.
     assert tail.fetched_ahead >= COMMITS - 15, tail.fetched_ahead
-
-    local_tail, local_seen = _append_and_tail(
-        Lake(minio_settings_for(minio, f"ahead-{uuid.uuid4().hex[:8]}"))
-    )
-    assert local_seen == expected
     assert local_tail.fetched_ahead == 0
 
 
@@ -99,19 +111,7 @@ def _read_backlog(lake: Lake) -> tuple[DeltaLogTail, list[str]]:
 def test_a_tail_behind_reads_the_backlog_side_by_side_on_a_remote_store(
     minio: MinioServer, toxiproxy: Path, tmp_path: Path
 ) -> None:
-    expected = [f"m{i}-{k}" for i in range(COMMITS) for k in range(3)]
-    with StoreProxy(
-        PROFILES["s3-standard"], minio.endpoint, tmp_path, seed=3, binary=toxiproxy
-    ) as proxy:
-        settings = minio_settings_for(minio, f"behind-{uuid.uuid4().hex[:8]}")
-        remote = Lake(settings.model_copy(update={"minio_endpoint": proxy.endpoint}))
-        tail, seen = _read_backlog(remote)
-    assert seen == expected  # in order, each once
+    tail, local_tail = _remote_and_local(minio, toxiproxy, tmp_path, 3, _read_backlog)
     # Once the store is known to be remote (20 GETs), the entries come from reads ahead.
     assert tail.read_ahead_hits >= COMMITS - 20, tail.read_ahead_hits
-
-    local_tail, local_seen = _read_backlog(
-        Lake(minio_settings_for(minio, f"behind-{uuid.uuid4().hex[:8]}"))
-    )
-    assert local_seen == expected
     assert local_tail.read_ahead_hits == 0
