@@ -86,7 +86,7 @@ kafka-jars:  ## fetch Apache Kafka's and Kafka Streams' jars with Maven, compile
 	bash platform/kafka-streams.sh build
 
 test: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run the test suite (starts its own MinIO)
-	$(PY) -m pytest -q -m "not multihost and not spark" -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(PY) -m pytest -q -m "not multihost and not spark" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 multihost:  ## (root) link cuts under ETL replicas and group members on 5 network-namespace hosts
 	@if [ "$$(id -u)" != 0 ]; then \

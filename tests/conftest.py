@@ -217,7 +217,41 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+# The files that run longest, longest first. `make test` hands whole files to its workers
+# in collection order (`--dist loadfile --no-loadscope-reorder`), so a long file started
+# last cannot keep one worker busy while the other waits.
+LONGEST_FIRST = (
+    "test_bench_smoke.py",
+    "test_launch.py",
+    "test_etl_lease.py",
+    "test_bench_serve.py",
+    "test_ui.py",
+    "test_dagster_cli.py",
+    "test_serve_opensearch.py",
+    "test_exactly_once_under_faults.py",
+    "test_bench_soak_windows.py",
+    "test_foreign_writers.py",
+    "test_serve_postgres.py",
+    "test_live_maintenance.py",
+    "test_admin.py",
+    "test_chaos_soak.py",
+    "test_dagster_pipeline.py",
+    "test_dagster_sensors.py",
+    "test_streams.py",
+    "test_install.py",
+    "test_retention.py",
+    "test_transform_lease.py",
+    "test_serve_lease.py",
+)
+
+
+def _run_order(item: pytest.Item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_run_order)  # stable: a file's tests keep their order and stay together
     for item in items:
         callspec = getattr(item, "callspec", None)
         on_minio = callspec is not None and callspec.params.get("lake") == "minio"

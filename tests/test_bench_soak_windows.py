@@ -213,13 +213,13 @@ def test_soak_options_are_checked() -> None:
 
 
 def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path) -> None:
-    """2 minutes after a 5 s warm-up at 2,000 msg/s in 30 s windows, maintenance every
-    window: four windows, each with latency, CPU, memory, objects, requests and load; the
+    """75 s after a 5 s warm-up at 2,000 msg/s in 15 s windows, maintenance every
+    window: five windows, each with latency, CPU, memory, objects, requests and load; the
     goals beside their targets; every message accounted for; no per-message samples."""
     lake = Lake(minio_settings_for(minio, f"soak-{uuid.uuid4().hex[:8]}"))
     out = tmp_path / "out"
-    args = ["bench", "--rates", "2000", "--warmup", "5", "--soak-minutes", "2"]
-    args += ["--window-minutes", "0.5", "--out", str(out), "--no-local-minio", "--grace", "15"]
+    args = ["bench", "--rates", "2000", "--warmup", "5", "--soak-minutes", "1.25"]
+    args += ["--window-minutes", "0.25", "--out", str(out), "--no-local-minio", "--grace", "15"]
     args += ["--retention-s", "60"]
     result = run_cli(args, lake_env(lake), tmp_path, timeout=480)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -235,12 +235,12 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
 
     report = json.loads((out / "windows.json").read_text())
     assert report["complete"] is True and report["errors"] == []
-    assert report["windows_planned"] == 4 and len(report["windows"]) == 4
-    assert report["maintenance"]["interval_s"] == 30
+    assert report["windows_planned"] == 5 and len(report["windows"]) == 5
+    assert report["maintenance"]["interval_s"] == 15
     assert report["maintenance"]["log_retention_s"] == 600
-    assert report["maintenance"]["passes"] >= 3 and report["maintenance"]["errors"] == []
+    assert report["maintenance"]["passes"] >= 1 and report["maintenance"]["errors"] == []
     a = report["accounting"]
-    assert a["messages"] == 4 * 60_000 and a["seen"] == a["messages"] and a["lost"] == 0
+    assert a["messages"] == 5 * 30_000 and a["seen"] == a["messages"] and a["lost"] == 0
     assert a["warmup_messages"] == 10_000 and a["lost_during_warmup"] == 0
     for key in ("repeated_or_late", "given_up", "not_produced", "retractions"):
         assert a[key] == 0, a
@@ -248,12 +248,12 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
     components = {"etl", "minio", "bench (consumer)", "maintenance"}
     for k, w in enumerate(report["windows"], start=1):
         assert w["window"] == k and w["complete"] is True
-        assert w["start_s"] == 5 + (k - 1) * 30 and w["end_s"] == w["start_s"] + 30
-        assert w["messages"] == 60_000 and w["seen"] == 60_000 and w["not_seen"] == 0
+        assert w["start_s"] == 5 + (k - 1) * 15 and w["end_s"] == w["start_s"] + 15
+        assert w["messages"] == 30_000 and w["seen"] == 30_000 and w["not_seen"] == 0
         assert w["histogram"]["count"] == w["seen"]
         assert sum(c for _, c in w["histogram"]["buckets"]) == w["seen"]
         assert 0 < w["p50_s"] <= w["p90_s"] <= w["p99_s"] <= w["p99.9_s"] <= w["max_s"]
-        assert 25 <= w["wall_s"] <= 35
+        assert 10 <= w["wall_s"] <= 20
         cpu, rss = w["cpu_pct_of_one_core"], w["rss_mb"]
         assert components <= set(cpu) and components <= set(rss), (cpu, rss)
         assert any(n.startswith("producer ") for n in rss)
@@ -269,21 +269,21 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
         load = w["load_average"]
         assert load["1m_mean"] is not None and len(load["at_end"]) == 3
         assert set(w["maintenance"]) >= {"passes", "seconds", "files_compacted"}
-    assert sum(w["maintenance"]["passes"] for w in report["windows"]) >= 3
+    assert sum(w["maintenance"]["passes"] for w in report["windows"]) >= 1
     assert report["windows"][-1]["objects"]["by_table"]["timezone1"]["checkpoint_bytes"] > 0
     goals = report["goals"]
     assert len(goals) == 5 and all(g["met"] in (True, False, None) for g in goals)
     assert all(g["figure"] and g["target"] for g in goals)
     assert goals[2]["met"] is not None  # checkpoints are compared from window 2 on
-    assert goals[3]["met"] is None  # 24 h vacuum retention: not in force within 2 minutes
-    # --retention-s 60 dropped the records of the first minute from every table.
+    assert goals[3]["met"] is None  # 24 h vacuum retention: not in force within a minute
+    # --retention-s 60 dropped the first records from every table.
     run_lake = Lake(lake.settings.with_prefix(report["lake_prefix"]))
     for table in ("timezone1", "timezone2", "timezone_unified"):
         assert oldest_version(run_lake, table) > 0, table
 
     md = (out / "windows.md").read_text()
     assert "## Goals" in md and "## CPU per component" in md and "## Resident memory" in md
-    assert md.count("\n| 4 ") == 4  # window 4 in the latency, CPU, memory, checkpoint tables
+    assert md.count("\n| 5 ") == 4  # window 5 in the latency, CPU, memory, checkpoint tables
     png = out / "windows.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
     # No per-message analysis: no samples table, no report.md.
