@@ -62,32 +62,29 @@ class ProducerSpec:
 
 
 class DeltaWorkload:
+    """The time-zone producer, opened (layout, input streams) before the schedule starts."""
+
     def __init__(self, spec: ProducerSpec, lake=None) -> None:
-        from deltabus.apps.timezones.contracts import INPUT_SCHEMA, INPUT_TABLES
+        from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
         from deltabus.core.settings import load_settings
         from deltabus.delta.lake import Lake
-        from deltabus.delta.tables import ensure_table
 
         self.spec = spec
         self.lake = lake or Lake(load_settings())
-        for table in INPUT_TABLES:  # opened once so the schedule starts with warm tables
-            ensure_table(self.lake, table, INPUT_SCHEMA)
+        config = ProducerConfig(
+            rate=spec.rate,
+            duration=spec.duration,
+            commit_interval=spec.commit_interval,
+            seed=spec.seed,
+            run_id=spec.run_id,
+        )
+        self.producer = TimezoneProducer(self.lake, config)
+        self.producer.open()
 
     def run(self, start_us: int, on_progress: Progress) -> dict:
-        from deltabus.apps.timezones.producer import ProducerConfig, TimezoneProducer
-
-        s = self.spec
-        config = ProducerConfig(
-            rate=s.rate,
-            duration=s.duration,
-            commit_interval=s.commit_interval,
-            seed=s.seed,
-            run_id=s.run_id,
-            start_us=start_us,
-        )
         # As often as the display refreshes: "produced" must not trail "seen" by seconds.
-        report = TimezoneProducer(self.lake, config).run(
-            on_progress=on_progress, progress_every_s=0.25
+        report = self.producer.run(
+            on_progress=on_progress, progress_every_s=0.25, start_us=start_us
         )
         return report.as_dict()
 

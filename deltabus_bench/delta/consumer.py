@@ -19,6 +19,9 @@ from deltabus_bench.consumer import (
 
 log = logging.getLogger(__name__)
 
+# Most commits one poll reads before it hands their rows on.
+MAX_COMMITS_PER_POLL = 32
+
 
 class DeltaUnifiedConsumer(TailConsumer):
     """Tails `timezone_unified` like the ETL tails its inputs: one GET of the next commit.
@@ -68,6 +71,7 @@ class DeltaUnifiedConsumer(TailConsumer):
         """Nothing to do: every poll waits for its pacer first (`poll_once`)."""
 
     def poll_once(self) -> pa.Table | None:
+        from deltabus.bus.tail import READ_AHEAD_MAX
         from deltabus.core.retry import retry_storage
 
         # Also after a poll that found rows: polling again at once would only miss.
@@ -78,19 +82,28 @@ class DeltaUnifiedConsumer(TailConsumer):
         notified = self._pacer.latest_notified()
         upto = notified if notified is not None and notified >= self.next_version else None
         found, commit_ms = 0, None
-        while upto is None or self.next_version <= upto:
+        if upto is not None:  # these versions have landed: read them side by side
+            tail.read_ahead(self.next_version, min(upto - self.next_version + 1, READ_AHEAD_MAX))
+        # The commits first, then their rows: reading a commit sends the GETs of its data
+        # files, so the files of every commit found are fetched side by side.
+        commits = []
+        while (upto is None or self.next_version <= upto) and len(commits) < MAX_COMMITS_PER_POLL:
             version = self.next_version
             commit = retry_storage(lambda v=version: tail.commit(v), what="poll timezone_unified")
             if commit is None:
                 break
-            rows = retry_storage(lambda c=commit: tail.rows(c), what="read timezone_unified")
+            commits.append(commit)
             self.next_version += 1
             self.versions += 1
             found, commit_ms = found + 1, commit.timestamp_ms
-            if rows is not None:
-                parts.append(rows)
             if upto is None and not self._pacer.next_landed(commit_ms):
                 break  # the next one is not due yet: no GET that would find nothing
+            if found >= 2:  # two versions had landed: behind, read on side by side
+                tail.read_ahead(self.next_version, READ_AHEAD_MAX)
+        for commit in commits:
+            rows = retry_storage(lambda c=commit: tail.rows(c), what="read timezone_unified")
+            if rows is not None:
+                parts.append(rows)
         self._pacer.found(found, commit_ms)
         if not parts:
             return None

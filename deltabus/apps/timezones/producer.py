@@ -334,11 +334,11 @@ class TimezoneProducer:
                     "table away",
                 )
 
-    def run(
-        self, on_progress: Callable[[dict], None] | None = None, progress_every_s: float = 5.0
-    ) -> ProducerReport:
-        """Produce the whole run. Every `progress_every_s` s `on_progress` gets the messages
-        handed to the commit threads so far (a live display wants it often, a log rarely)."""
+    def open(self) -> None:
+        """Open the lake's layout and the input streams (once), so that `run` starts
+        producing at once; `run` opens them itself when they are not open."""
+        if self.producers:
+            return
         self.layout = ensure_layout(self.lake, self.config.partitions)
         self.check_schemas()
         declare_inputs(self.lake, self.layout)
@@ -349,8 +349,24 @@ class TimezoneProducer:
                     stream, self.config.run_id, commit_interval_ms=0
                 )
                 self.pools[stream] = ThreadPoolExecutor(max_workers=1)
-            health.mark_ready()  # the lake's layout and the input streams are open
-            report = self._run(on_progress, progress_every_s)
+        except BaseException:
+            self._close(failed=True)
+            raise
+        health.mark_ready()  # the lake's layout and the input streams are open
+
+    def run(
+        self,
+        on_progress: Callable[[dict], None] | None = None,
+        progress_every_s: float = 5.0,
+        start_us: int | None = None,
+    ) -> ProducerReport:
+        """Produce the whole run. Every `progress_every_s` s `on_progress` gets the messages
+        handed to the commit threads so far (a live display wants it often, a log rarely).
+        `start_us`: the schedule origin (epoch µs), when it is known only after `open`; by
+        default the config's."""
+        self.open()
+        try:
+            report = self._run(on_progress, progress_every_s, start_us or self.config.start_us)
         except BaseException:
             self._close(failed=True)
             raise
@@ -370,7 +386,10 @@ class TimezoneProducer:
                 producer.close()
 
     def _run(
-        self, on_progress: Callable[[dict], None] | None, progress_every_s: float
+        self,
+        on_progress: Callable[[dict], None] | None,
+        progress_every_s: float,
+        origin_us: int | None,
     ) -> ProducerReport:
         cfg = self.config
         next_index, start_us = self._resume_state()
@@ -378,7 +397,7 @@ class TimezoneProducer:
         resumed_from = min(next_index.values())
         wall_start = time.time()
         if start_us is None:
-            start_us = cfg.start_us or int(wall_start * 1_000_000)
+            start_us = origin_us or int(wall_start * 1_000_000)
         start = start_us / 1_000_000
         if resumed_from:
             log.info("run %s resumes at message %d of %d", cfg.run_id, resumed_from, cfg.total)
