@@ -184,16 +184,23 @@ def run_cli(
     timeout: float = 300,
     input: str | None = None,  # noqa: A002 - subprocess.run's name
 ) -> subprocess.CompletedProcess[str]:
-    """Run `deltabus ARGS` as a real subprocess, with `input` on its stdin."""
-    return subprocess.run(
-        [sys.executable, "-m", "deltabus", *args],
-        input=input,
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run `deltabus ARGS` as a real subprocess, with `input` on its stdin. A command that
+    outlives `timeout` fails the test with the end of its log."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "deltabus", *args],
+            input=input,
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr or b""
+        log = err if isinstance(err, str) else err.decode(errors="replace")
+        command = " ".join(args)
+        pytest.fail(f"deltabus {command} ran past {timeout:g} s; its log ends:\n{log[-6000:]}")
 
 
 MARKERS = {
