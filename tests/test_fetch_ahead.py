@@ -115,38 +115,3 @@ def test_a_tail_behind_reads_the_backlog_side_by_side_on_a_remote_store(
     # Once the store is known to be remote (20 GETs), the entries come from reads ahead.
     assert tail.read_ahead_hits >= COMMITS - 20, tail.read_ahead_hits
     assert local_tail.read_ahead_hits == 0
-
-
-def test_a_consumer_behind_reads_its_backlog_side_by_side_on_a_remote_store(
-    minio: MinioServer, toxiproxy: Path, tmp_path: Path
-) -> None:
-    """A group member that finds two versions in a row is behind: it reads the next log
-    entries ahead, and still hands every record out once, in order."""
-    import deltabus
-    from tests.bus_worker import ORDERS_SCHEMA, order
-
-    def run(lake: Lake) -> tuple[DeltaLogTail, list[str]]:
-        bus = deltabus.Bus(lake)
-        bus.create_stream("orders", ORDERS_SCHEMA, partitions=1)
-        with bus.producer("orders", "p0") as producer:
-            for i in range(COMMITS):
-                for k in range(3):
-                    producer.send(order(0, i * 3 + k))
-                producer.flush()
-        consumer = bus.consumer("orders", "reader", auto_commit=False)
-        seen: list[int] = []
-        try:
-            while len(seen) < 3 * COMMITS:
-                batch = consumer.poll(5.0)
-                assert batch is not None, f"{len(seen)} records of {3 * COMMITS}"
-                seen += batch.rows.column("order_id").to_pylist()
-            (held,) = consumer.held.values()
-            tail = held.tail
-        finally:
-            consumer.close()
-        assert seen == list(range(3 * COMMITS))
-        return tail, EXPECTED
-
-    tail, local_tail = _remote_and_local(minio, toxiproxy, tmp_path, 4, run)
-    assert tail.read_ahead_hits >= COMMITS - 20, tail.read_ahead_hits
-    assert local_tail.read_ahead_hits == 0

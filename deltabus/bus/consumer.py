@@ -42,7 +42,7 @@ import pyarrow as pa
 from deltabus.bus.admin import position_at
 from deltabus.bus.groups import DEFAULT_TTL_S, Group, Lease
 from deltabus.bus.streams import Stream
-from deltabus.bus.tail import READ_AHEAD_MAX, DeltaLogTail
+from deltabus.bus.tail import DeltaLogTail
 from deltabus.core import metrics
 from deltabus.core.errors import ConfigError, OffsetOutOfRangeError, RemovedFileError
 from deltabus.core.retry import retry_storage
@@ -101,9 +101,6 @@ class _Held:
     check: int | None = None
     # A batch read but not yet handed out: its lease is to be confirmed first.
     pending: Batch | None = None
-    # Versions found in a row by this partition's reads: from two on the member is behind
-    # and reads the next versions side by side (DeltaLogTail.read_ahead).
-    found_in_a_row: int = 0
 
     @property
     def returned(self) -> int:
@@ -435,11 +432,7 @@ class Consumer:
             version = held.next_version
             commit = retry_storage(lambda v=version: held.tail.commit(v), what=f"poll {table}")
             if commit is None:
-                held.found_in_a_row = 0
                 return None
-            held.found_in_a_row += 1
-            if held.found_in_a_row >= 2:
-                held.tail.read_ahead(version + 1, READ_AHEAD_MAX)
             try:
                 rows = retry_storage(lambda c=commit: held.tail.rows(c), what=f"read {table}")
             except RemovedFileError:
