@@ -69,8 +69,9 @@ BASELINE_OUT ?= bench-out/baseline
 baseline: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run BASELINE_WORKLOADS from a clean checkout and write docs/benchmarks/results.md from their reports (one date, commit, CPU)
 	@test -z "$$(git status --porcelain --untracked-files=no)" || { echo "baseline: commit or stash your changes first: a baseline names one clean commit" >&2; exit 2; }
 	rm -rf $(BASELINE_OUT)
-	for w in $(BASELINE_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml --out $(BASELINE_OUT)/$$w || exit 1; done
-	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --out docs/benchmarks/results.md
+	failed=; for w in $(BASELINE_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml --out $(BASELINE_OUT)/$$w || failed="$$failed $$w"; done; \
+	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --out docs/benchmarks/results.md || exit 1; \
+	test -z "$$failed" || { echo "baseline: the page is written; these workloads reported errors (see their report.md):$$failed" >&2; exit 1; }
 
 opensearch-jars:  ## fetch the embedded OpenSearch node's jars with Maven (cached in ~/.cache/deltabus)
 	bash platform/opensearch.sh fetch

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deltabus_bench.goals import goal_table
+
+ANCHORS_LINK = "../design/architecture.md#anchors-the-published-figures-deltabus-is-compared-with"
+
 
 class BaselineError(ValueError):
     """The reports cannot form one baseline (none found, or mixed provenance)."""
@@ -173,6 +177,17 @@ def baseline_markdown(reports: list[Report]) -> str:
         "|---|---|---|---|---|---|---|",
         *(row for report in reports for row in _summary_rows(report)),
     ]
+    goals = goal_table([r.body for r in reports])
+    if goals:
+        out += [
+            "",
+            "## Goals",
+            "",
+            "Each goal beside the figure measured here; the published figures they answer",
+            f"are the [anchors]({ANCHORS_LINK}); a missed goal links to its measured reason.",
+            "",
+            *goals,
+        ]
     for report in reports:
         body = report.body
         store = body.get("store") or {}

@@ -123,3 +123,60 @@ def test_each_backbone_of_a_side_by_side_run_has_its_summary_row(tmp_path: Path)
     page = baseline_markdown(find_reports([tmp_path / "sweep"]))
     assert "| sweep | delta | loopback | 100ms | 10,000 | 0.12 / 0.46 | 10,000 (the highest" in page
     assert "| sweep | kafka | loopback | 100ms | 10,000 | 0.05 / 0.09 | none |" in page
+
+
+def test_goals_stand_beside_their_figures(tmp_path: Path) -> None:
+    """Met, missed (with its reason) and not measured, from the reports alone."""
+    report(
+        tmp_path / "out" / "store-s3-standard",
+        store={"profile": "s3-standard"},
+        runs=[RUN | {"p50": 0.30, "p99": 0.44}, RUN | {"rate": 250000}],
+        highest_keeping_up_rate={"delta": 250000},
+    )
+    report(
+        tmp_path / "out" / "store-s3-express",
+        store={"profile": "s3-express"},
+        runs=[RUN | {"p50": 0.14, "p99": None}],
+        highest_keeping_up_rate={"delta": 250000},
+    )
+    raw = {"docs_per_s": 20000.0}
+    serving = {"backend": "opensearch", "raw_capacity": raw}
+    report(
+        tmp_path / "out" / "serve-opensearch",
+        runs=[
+            RUN | {"serving": serving | {"unified_commit_to_opensearch": {"p99": 0.8}}},
+            RUN | {"rate": 20000, "serving": serving},
+        ],
+        highest_keeping_up_rate={"delta": 20000, "opensearch serving": 10000},
+    )
+    page = baseline_markdown(find_reports([tmp_path / "out"]))
+    goals = page[page.index("## Goals") :]
+    assert (
+        "| s3-standard, 10,000 msg/s: p50 / p99 (ahead of Bufstream 0.26 / 0.50 s on S3 "
+        "Standard) | 0.30 s / 0.44 s | ≤ 0.22 / 0.45 s | **missed**: [round trips per hop]"
+    ) in goals
+    assert (
+        "| s3-standard: highest rate keeping up | 250,000 msg/s | ≥ 250,000 msg/s | met |" in goals
+    )
+    assert "| 0.14 s / — | ≤ 0.15 / 0.25 s | not measured |" in goals
+    assert (
+        "| s3-express: highest rate keeping up | 250,000 msg/s | ≥ 400,000 msg/s | **missed**"
+        in goals
+    )
+    assert "| 10,000 msg/s (50%) | ≥ 80% (16,000 msg/s) | **missed**" in goals
+    assert (
+        "searchable p99 at 10,000 msg/s (at most half the node's rate) | 0.80 s | ≤ 1 s | met |"
+        in goals
+    )
+    # The serving runs on loopback are not judged against the plain-run anchors.
+    assert "Pathway's published" not in goals
+
+
+def test_plain_loopback_runs_are_judged_against_the_anchors(tmp_path: Path) -> None:
+    report(tmp_path / "sweep", runs=[RUN, RUN | {"rate": 30000, "p50": 0.3, "p99": 0.5}])
+    page = baseline_markdown(find_reports([tmp_path / "sweep"]))
+    assert (
+        "10,000 msg/s: below Pathway's published Delta-on-MinIO p50 / p99 | 0.12 s / 0.46 s "
+        "| < 0.26 / 0.67 s | met |" in page
+    )
+    assert "| 0.30 s / 0.50 s | < 0.28 / 0.64 s | **missed** |" in page

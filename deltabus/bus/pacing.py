@@ -20,6 +20,9 @@ import threading
 import time
 
 from deltabus.bus.notify import notifier_for
+from deltabus.bus.tail import READ_AHEAD_MAX, Commit, DeltaLogTail
+from deltabus.core.errors import DeltabusError
+from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
 
 # With notifications flowing, seconds between safety polls.
@@ -214,3 +217,37 @@ class Pacer:
             if left <= 0:
                 return
             self.stop.wait(min(WAIT_SLICE_S, left))
+
+
+def read_landed(
+    tail: DeltaLogTail, pacer: Pacer, first: int, limit: int, what: str
+) -> tuple[list[Commit], DeltabusError | None]:
+    """The commits that have landed from version `first` on (at most `limit`), and the
+    error of a version the tail refuses (the commits before it are still returned).
+
+    With a version notified at or past `first`, the versions up to it are read side by
+    side and no GET is sent that would find nothing; a tail found behind (two versions
+    landed) reads on side by side. Reading a commit starts the GETs of its data files, so
+    a caller that reads every commit first and their rows after fetches them together.
+    """
+    commits: list[Commit] = []
+    notified = pacer.latest_notified()
+    upto = notified if notified is not None and notified >= first else None
+    if upto is not None:  # these versions have landed: read them side by side
+        tail.read_ahead(first, min(upto - first + 1, READ_AHEAD_MAX))
+    while len(commits) < limit:
+        version = first + len(commits)
+        if upto is not None and version > upto:
+            break
+        try:
+            commit = retry_storage(lambda v=version: tail.commit(v), what=what)
+        except DeltabusError as exc:
+            return commits, exc
+        if commit is None:
+            break
+        commits.append(commit)
+        if upto is None and not pacer.next_landed(commit.timestamp_ms):
+            break  # the next one is not due yet: no GET that would find nothing
+        if len(commits) >= 2:  # two versions had landed: behind, read on side by side
+            tail.read_ahead(version + 1, READ_AHEAD_MAX)
+    return commits, None

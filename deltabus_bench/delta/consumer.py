@@ -71,40 +71,27 @@ class DeltaUnifiedConsumer(TailConsumer):
         """Nothing to do: every poll waits for its pacer first (`poll_once`)."""
 
     def poll_once(self) -> pa.Table | None:
-        from deltabus.bus.tail import READ_AHEAD_MAX
+        from deltabus.bus.pacing import read_landed
         from deltabus.core.retry import retry_storage
 
         # Also after a poll that found rows: polling again at once would only miss.
         self._pacer.wait()
         tail = self._tail
-        # One GET of the next commit file says whether it landed and what it added.
+        # The commits first, then their rows, so the data files of every commit found
+        # are fetched side by side.
+        commits, refused = read_landed(
+            tail, self._pacer, self.next_version, MAX_COMMITS_PER_POLL, f"poll {self.table_name}"
+        )
+        if refused is not None:
+            raise refused
+        self.next_version += len(commits)
+        self.versions += len(commits)
         parts = []
-        notified = self._pacer.latest_notified()
-        upto = notified if notified is not None and notified >= self.next_version else None
-        found, commit_ms = 0, None
-        if upto is not None:  # these versions have landed: read them side by side
-            tail.read_ahead(self.next_version, min(upto - self.next_version + 1, READ_AHEAD_MAX))
-        # The commits first, then their rows: reading a commit sends the GETs of its data
-        # files, so the files of every commit found are fetched side by side.
-        commits = []
-        while (upto is None or self.next_version <= upto) and len(commits) < MAX_COMMITS_PER_POLL:
-            version = self.next_version
-            commit = retry_storage(lambda v=version: tail.commit(v), what="poll timezone_unified")
-            if commit is None:
-                break
-            commits.append(commit)
-            self.next_version += 1
-            self.versions += 1
-            found, commit_ms = found + 1, commit.timestamp_ms
-            if upto is None and not self._pacer.next_landed(commit_ms):
-                break  # the next one is not due yet: no GET that would find nothing
-            if found >= 2:  # two versions had landed: behind, read on side by side
-                tail.read_ahead(self.next_version, READ_AHEAD_MAX)
         for commit in commits:
-            rows = retry_storage(lambda c=commit: tail.rows(c), what="read timezone_unified")
+            rows = retry_storage(lambda c=commit: tail.rows(c), what=f"read {self.table_name}")
             if rows is not None:
                 parts.append(rows)
-        self._pacer.found(found, commit_ms)
+        self._pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
         if not parts:
             return None
         seen_ms = time.time() * 1000

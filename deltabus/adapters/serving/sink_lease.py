@@ -21,15 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from deltabus.adapters.lease_supervisor import check_ttl
 from deltabus.bus.groups import DEFAULT_TTL_S, Changes, Group, Membership, check_group
 from deltabus.core import health
-from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)
 
 ACTIVE = "active"  # the one partition of a sink's group
-MIN_TTL_S, MAX_TTL_S = 1.0, 600.0
 LOOP_S = 0.1  # how often an active replica looks at its stop event
 
 # Serves until the event is set; returns the sink's report.
@@ -42,16 +41,6 @@ def lease_group(kind: str, name: str, target: str) -> str:
     the same for every replica given the same settings, another for another server."""
     digest = hashlib.sha256(f"{kind}\n{name}\n{target}".encode()).hexdigest()[:8]
     return check_group(f"serve.{kind}.{name[:60].lower()}.{digest}")
-
-
-def check_ttl(ttl_s: float) -> float:
-    """`ttl_s` when it is a usable lease time; ConfigError otherwise."""
-    if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
-        raise ConfigError(
-            f"the lease time must be {MIN_TTL_S:g}..{MAX_TTL_S:g} s, got {ttl_s:g}",
-            "give --lease-ttl-s 10 (the default) or another value in that range",
-        )
-    return ttl_s
 
 
 class SinkLease:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import pathway as pw
 
-from deltabus.bus.pacing import Pacer
-from deltabus.bus.tail import READ_AHEAD_MAX, Commit, DeltaLogTail
+from deltabus.bus.pacing import Pacer, read_landed
+from deltabus.bus.tail import Commit, DeltaLogTail
 from deltabus.core.errors import DeltabusError, StorageError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import NOT_DELTA_GRACE_S, Lake
@@ -120,7 +120,9 @@ class TableTail(pw.io.python.ConnectorSubject):
         self.resumed()
         pacer = Pacer(self.lake, self.table, self.poll_interval, self.stop)
         while not self.stop.is_set():
-            commits, refused = self._fetch_available(tail, pacer)
+            commits, refused = read_landed(
+                tail, pacer, self.next_version, self.max_versions_per_read, f"poll {self.table}"
+            )
             pacer.found(len(commits), commits[-1].timestamp_ms if commits else None)
             if commits:
                 self.emit(tail, commits)
@@ -167,34 +169,3 @@ class TableTail(pw.io.python.ConnectorSubject):
                 announced = True
             self.stop.wait(max(self.poll_interval, 0.2))
         return False
-
-    def _fetch_available(
-        self, tail: DeltaLogTail, pacer: Pacer
-    ) -> tuple[list[Commit], DeltabusError | None]:
-        """The commits that have landed from `next_version` on (at most a read's worth),
-        and the error of a version the tail refuses (the commits before it still go).
-
-        With `notified` (the highest version the store announced) at or past the next
-        version, the versions up to it are read without a GET that finds nothing after.
-        """
-        commits: list[Commit] = []
-        notified = pacer.latest_notified()
-        upto = notified if notified is not None and notified >= self.next_version else None
-        if upto is not None:  # these versions have landed: read them side by side
-            tail.read_ahead(self.next_version, min(upto - self.next_version + 1, READ_AHEAD_MAX))
-        while len(commits) < self.max_versions_per_read:
-            version = self.next_version + len(commits)
-            if upto is not None and version > upto:
-                break
-            try:
-                commit = retry_storage(lambda v=version: tail.commit(v), what=f"poll {self.table}")
-            except DeltabusError as exc:
-                return commits, exc
-            if commit is None:
-                break
-            commits.append(commit)
-            if upto is None and not pacer.next_landed(commit.timestamp_ms):
-                break  # the next one is not due yet: no GET that would find nothing
-            if len(commits) >= 2:  # two versions had landed: behind, read on side by side
-                tail.read_ahead(version + 1, READ_AHEAD_MAX)
-        return commits, None
