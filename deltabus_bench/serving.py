@@ -339,3 +339,11 @@ def serving_summary(
         verdict=verdict.verdict,
         behind=verdict,
     )
+
+
+def unserved_is_loss(sink_report: dict | None) -> bool:
+    """Whether messages not served when the benchmark stopped waiting are lost: only when
+    the sink had applied every unified version it knew of (a sink still behind them has a
+    backlog), or left no report."""
+    report = sink_report or {}
+    return report.get("version", -1) >= report.get("unified_version", -1)

@@ -23,6 +23,7 @@ from deltabus.delta.lake import Lake
 from deltabus_bench.config import BenchConfig
 from deltabus_bench.report import console_text, report_json, serving_markdown
 from deltabus_bench.results import RunSummary
+from deltabus_bench.serving import unserved_is_loss
 from deltabus_bench.serving_opensearch import OpenSearchReader
 from tests.conftest import lake_env, minio_settings_for, run_cli
 from tests.opensearch_fixture import IN_CI, require_opensearch_jars
@@ -245,3 +246,11 @@ def test_configured_opensearch_gets_an_index_of_the_run(
         (replay, None),
         ("deltabus_sink_position", replay),
     ]
+
+
+def test_messages_a_sink_is_still_behind_are_a_backlog_not_a_loss() -> None:
+    """Unserved messages fail a run only when the sink had applied every version it knew
+    of, or left no report."""
+    assert not unserved_is_loss({"version": 41, "unified_version": 57})
+    assert unserved_is_loss({"version": 57, "unified_version": 57})
+    assert unserved_is_loss(None)
