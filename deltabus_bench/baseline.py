@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltabus_bench.goals import goal_table
+from deltabus_bench.goals import goal_table, idle_figures
 
 ANCHORS_LINK = "../design/architecture.md#anchors-the-published-figures-deltabus-is-compared-with"
 
@@ -139,18 +139,15 @@ def _idle_lines(runs: list[dict[str, Any]]) -> list[str]:
     """The idle pipeline after each run that measured one (`idle-s`)."""
     lines = []
     for run in runs:
-        idle = (run.get("cost") or {}).get("idle")
-        if not idle:
+        idle = idle_figures(run)
+        if idle is None:
             continue
-        cpu = idle.get("cpu_pct_of_one_core") or {}
-        busy = sum(v for k, v in cpu.items() if not k.startswith("machine"))
-        requests = (idle.get("requests_per_s") or {}).get("total")
-        first = idle.get("first_after_idle_s")
+        requests, first = idle.requests_per_s, idle.first_after_s
         lines += [
             "",
-            f"Idle after the {run['rate']:,} msg/s run ({idle.get('seconds', 0):g} s without "
-            f"traffic): {busy:.1f} % of one core in all "
-            f"({', '.join(f'{k} {v}' for k, v in cpu.items() if not k.startswith('machine'))}), "
+            f"Idle after the {run['rate']:,} msg/s run ({idle.seconds:g} s without "
+            f"traffic): {idle.busy:.1f} % of one core in all "
+            f"({', '.join(f'{k} {v}' for k, v in idle.cpu.items())}), "
             f"{'n/a' if requests is None else requests} requests/s; the first messages "
             f"after it: {'not seen within 30 s' if first is None else f'{first:.2f} s'}.",
         ]

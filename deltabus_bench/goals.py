@@ -138,15 +138,41 @@ def _anchor_goals(report: Report) -> Iterator[Judged]:
         )
 
 
+@dataclass(frozen=True)
+class IdleFigures:
+    """A run's idle measurement (`idle-s`), as report.json records it."""
+
+    seconds: float
+    cpu: dict[str, float]  # % of one core per component (the machine's share left out)
+    requests_per_s: float | None
+    first_after_s: float | None
+
+    @property
+    def busy(self) -> float:
+        return sum(self.cpu.values())
+
+
+def idle_figures(run: dict[str, Any]) -> IdleFigures | None:
+    """The idle figures of `run`, or None when it measured no idle time."""
+    idle = (run.get("cost") or {}).get("idle")
+    if not idle:
+        return None
+    cpu = idle.get("cpu_pct_of_one_core") or {}
+    return IdleFigures(
+        seconds=idle.get("seconds", 0),
+        cpu={k: v for k, v in cpu.items() if not k.startswith("machine")},
+        requests_per_s=(idle.get("requests_per_s") or {}).get("total"),
+        first_after_s=idle.get("first_after_idle_s"),
+    )
+
+
 def _idle_goals(report: Report) -> Iterator[Judged]:
     for run in _delta_runs(report):
-        idle = (run.get("cost") or {}).get("idle")
-        if not idle:
+        idle = idle_figures(run)
+        if idle is None:
             continue
-        cpu = idle.get("cpu_pct_of_one_core") or {}
-        busy = sum(v for k, v in cpu.items() if not k.startswith("machine"))
-        requests = (idle.get("requests_per_s") or {}).get("total")
-        first, loaded = idle.get("first_after_idle_s"), run.get("p99")
+        busy, requests = idle.busy, idle.requests_per_s
+        first, loaded = idle.first_after_s, run.get("p99")
         bound = None if loaded is None else loaded + IDLE_EXTRA_S
         met = (
             None
@@ -154,7 +180,7 @@ def _idle_goals(report: Report) -> Iterator[Judged]:
             else first <= bound and requests <= IDLE_REQUESTS_PER_S and busy <= IDLE_CPU_PCT
         )
         yield Judged(
-            f"awake after {idle.get('seconds', 0):g} s idle: first messages, requests, CPU",
+            f"awake after {idle.seconds:g} s idle: first messages, requests, CPU",
             f"{_s(first)}, {'—' if requests is None else f'{requests:g}'} /s, {busy:.1f} %",
             f"≤ {_s(bound)} (loaded p99 + {IDLE_EXTRA_S:g} s), ≤ {IDLE_REQUESTS_PER_S:g} /s, "
             f"≤ {IDLE_CPU_PCT:g} % of a core",
