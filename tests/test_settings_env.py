@@ -30,6 +30,7 @@ def every_field_changed(tmp_path: Path) -> Settings:
         prefix="team/lake",
         log_retention_s=120,
         deleted_file_retention_s=3600,
+        vacuum_deletes_per_s=250.5,
         unified_retention_s=86400,
         checkpoint_interval=7,
         retry_max_wait_s=42.5,

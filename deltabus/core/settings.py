@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # writer and tail) of tables deltabus creates; None keeps Delta's default (1 week). A
     # table compacted while it streams holds one entry per file removed within it.
     deleted_file_retention_s: int | None = Field(None, ge=10)
+    # Objects a second vacuum deletes, on average, in bulk requests of up to 1,000; 0 deletes
+    # them as fast as the store takes them. A burst of deletes slows the store for the
+    # streams beside it (docs/adr/0053).
+    vacuum_deletes_per_s: float = Field(1000.0, ge=0, allow_inf_nan=False)
     # Seconds the time-zone pipeline's unified table keeps records: lake maintenance drops
     # its data files committed longer ago (as a stream's retention_s does); None keeps them.
     unified_retention_s: int | None = Field(None, ge=1)
@@ -217,6 +221,7 @@ class Settings(BaseSettings):
             env["DELTABUS_LOG_RETENTION_S"] = str(self.log_retention_s)
         if self.deleted_file_retention_s is not None:
             env["DELTABUS_DELETED_FILE_RETENTION_S"] = str(self.deleted_file_retention_s)
+        env["DELTABUS_VACUUM_DELETES_PER_S"] = f"{self.vacuum_deletes_per_s:g}"
         if self.unified_retention_s is not None:
             env["DELTABUS_UNIFIED_RETENTION_S"] = str(self.unified_retention_s)
         if self.secret_key is not None:

@@ -27,6 +27,7 @@ from deltabus.delta.retention import (
     RetentionPolicy,
     apply_retention,
 )
+from deltabus.delta.vacuum import vacuum
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +123,7 @@ def maintain_table(
     # file becomes old enough, and a vacuum by tombstones never removes a compacted file
     # (docs/adr/0035). Under an hour, tombstones only: a full vacuum could take the data
     # file of a commit in flight.
-    vacuumed = retry_storage(
-        lambda: dt.vacuum(
-            retention_hours=None if retention_hours is None else int(retention_hours),
-            dry_run=False,
-            enforce_retention_duration=False,
-            full=full,
-        ),
-        what=f"vacuum {table}",
-    )
+    vacuumed = vacuum(lake, table, dt, retention_hours, full)
     live = pa.table(dt.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
     return TableMaintenance(
         table=table,
@@ -139,7 +132,7 @@ def maintain_table(
         files_compacted=compacted,
         files_added=added,
         checkpoint_version=checkpoint,
-        files_vacuumed=len(vacuumed),
+        files_vacuumed=vacuumed,
         retention_files_removed=retained.files_removed if retained else 0,
         retention_bytes_removed=retained.bytes_removed if retained else 0,
         retention_version=retained.version if retained else None,
