@@ -1,6 +1,6 @@
 """Measure what deleting objects at once costs a stream beside it (ADR 0053).
 
-    .venv/bin/python tools/delete_burst.py [--objects 18000] [--rate 50000] [--per-s 1000]
+    .venv/bin/python -m tools.delete_burst [--objects 18000] [--rate 50000] [--per-s 1000]
 
 Starts a loopback MinIO, writes `--objects` objects twice (16 KiB each, under a prefix
 of their own), then runs `deltabus bench` at `--rate` msg/s for 160 s on the same MinIO.
@@ -15,23 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import obstore
 
-from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.core.processes import child_env
-from deltabus.core.settings import Settings
 from deltabus.delta.lake import Lake
 from deltabus.delta.vacuum import BULK, delete_paced
+from tools.scratch_minio import scratch_lake
 
 DURATION_S = 160
 BURST_AT_S, PACED_AT_S = 60, 110
@@ -100,28 +96,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=50_000, help="the stream's msg/s")
     parser.add_argument("--per-s", type=float, default=1000.0, help="paced deletes a second")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="delete-burst-"))
-    binary = find_minio()
-    if binary is None:
-        sys.exit("no MinIO binary: run `make minio-bin` first")
-    server = MinioServer(
-        work / "minio",
-        access_key="bench-" + secrets.token_hex(4),
-        secret_key=secrets.token_urlsafe(18),
-        binary=binary,
-    )
-    server.start()
-    try:
-        settings = Settings(
-            storage="minio",
-            minio_endpoint=server.endpoint,
-            access_key=server.access_key,
-            secret_key=server.secret_key,
-            bucket="bench",
-            prefix="lake",
-        )
-        lake = Lake(settings)
-        lake.init_bucket()
+    with scratch_lake("delete-burst", "lake") as (lake, work):
         sets = {k: [f"junk/{k}/o-{i:06d}" for i in range(args.objects)] for k in ("b", "p")}
         _put(lake, sets["b"] + sets["p"])
         time.sleep(5)
@@ -135,12 +110,10 @@ def main() -> None:
         command = [sys.executable, "-m", "deltabus", "bench", "--rates", str(args.rate)]
         command += ["--profile", "100ms", "--duration", str(DURATION_S), "--warmup", "10"]
         command += ["--out", str(out)]
-        subprocess.run(command, env=child_env(settings), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(command, env=child_env(lake.settings), check=True, stdout=subprocess.DEVNULL)
         deleter.join()
         run = json.loads((out / "runs" / f"delta-{args.rate}.json").read_text())
         print(json.dumps(_summary(run, marks), indent=2))
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Measure `deltabus etl --lease` child layouts on a loopback MinIO (ADR 0042).
 
-    .venv/bin/python tools/lease_bench.py takeover --children per-batch [--no-spare]
-    .venv/bin/python tools/lease_bench.py steady --children per-partition --rate 10000
+    .venv/bin/python -m tools.lease_bench takeover --children per-batch [--no-spare]
+    .venv/bin/python -m tools.lease_bench steady --children per-partition --rate 10000
 
 takeover: two replicas split a 4-partition lake while a producer streams 2000 msg/s; one
 replica is killed (its whole process group) once it has committed rows and the other's
@@ -19,25 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.adapters.etl_lease import GROUP
 from deltabus.apps.timezones.layout import TimezoneLayout, ensure_layout
 from deltabus.bus.fence import current_epoch, epoch_owner
 from deltabus.bus.groups import Group, now_ms
 from deltabus.core.processes import child_env
-from deltabus.core.settings import Settings
 from deltabus.delta.lake import Lake
 from deltabus.delta.tables import iter_commits, meta
+from tools.scratch_minio import scratch_lake
 
 FOUR = TimezoneLayout(4)
 
@@ -202,27 +199,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=30)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="lease-bench-"))
-    binary = find_minio()
-    assert binary, "no MinIO binary: make minio-bin"
-    server = MinioServer(
-        work / "minio",
-        access_key="bench-" + secrets.token_hex(4),
-        secret_key=secrets.token_urlsafe(18),
-        binary=binary,
-    )
-    server.start()
-    try:
-        settings = Settings(
-            storage="minio",
-            minio_endpoint=server.endpoint,
-            access_key=server.access_key,
-            secret_key=server.secret_key,
-            bucket="bench",
-            prefix="lease",
-        )
-        lake = Lake(settings)
-        lake.init_bucket()
+    with scratch_lake("lease-bench", "lease") as (lake, work):
+        settings = lake.settings
         ensure_layout(lake, 4)
         env = child_env(settings)
         if args.what == "takeover":
@@ -230,8 +208,6 @@ def main() -> None:
         else:
             result = steady(lake, env, work, args.children, args.rate, args.seconds)
         print(json.dumps(result))
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":
