@@ -7,6 +7,7 @@ from a run that should have it is "not measured", never met.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,7 @@ IDLE_REQUESTS_PER_S = 2.0
 IDLE_CPU_PCT = 2.0
 SERVE_SHARE = 0.8  # the sink keeps up at this share of the node's own bulk rate
 SERVE_P99_S = 1.0  # searchable p99 at half of the node's own rate, at most
+SERVER_NAME = "opensearch"  # the node's component in a run's CPU figures
 
 
 def _store(report: Report) -> str:
@@ -208,7 +210,7 @@ def _serving_goals(report: Report) -> Iterator[Judged]:
         "none" if served is None else f"{served:,} msg/s ({served / raw:.0%})",
         f"≥ {SERVE_SHARE:.0%} ({SERVE_SHARE * raw:,.0f} msg/s)",
         served is not None and served >= SERVE_SHARE * raw,
-        SERVING_WHY,
+        SERVING_WHY + serving_cpu_budget(runs, SERVE_SHARE * raw, report.get("machine", "")),
     )
     half = [r for r in runs if r["rate"] <= raw / 2]
     if half:
@@ -222,6 +224,29 @@ def _serving_goals(report: Report) -> Iterator[Judged]:
             None if p99 is None else p99 <= SERVE_P99_S,
             SERVING_WHY,
         )
+
+
+def serving_cpu_budget(runs: list[dict[str, Any]], rate: float, machine: str) -> str:
+    """What serving `rate` msg/s would take of the machine's cores: the node at its CPU
+    per document alone (median of the runs' raw measurements), and every other component
+    at its CPU per message in the highest-rate run (a lower bound: costs per message fall
+    as the rate rises); empty when a figure is missing."""
+    alone = sorted(
+        cpu
+        for r in runs
+        if (cpu := (r["serving"].get("raw_capacity") or {}).get("node_cpu_s_per_million_docs"))
+    )
+    cores = re.match(r"(\d+) cores", machine)
+    top = max(runs, key=lambda r: r["rate"])
+    per_msg = (top.get("cost") or {}).get("cpu_s_per_million_msgs") or {}
+    if not alone or cores is None or not per_msg:
+        return ""
+    node = alone[len(alone) // 2] * rate / 1e6
+    rest = sum(v for k, v in per_msg.items() if k != SERVER_NAME) * rate / 1e6
+    return (
+        f": at {rate:,.0f} msg/s the node alone would take {node:.1f} cores and the rest at "
+        f"least {rest:.1f}, of {cores.group(1)}"
+    )
 
 
 JUDGES: tuple[Callable[[Report], Iterator[Judged]], ...] = (

@@ -146,12 +146,17 @@ def _raw_lines(mine: list[tuple[RunSummary, Serving]]) -> list[str]:
     raws = [(r.rate, s.raw_capacity) for r, s in mine if s.raw_capacity]
     if not raws:
         return []
-    rates = ", ".join(f"{rate:,}: {raw['docs_per_s']:,.0f}" for rate, raw in raws)
+    rates = ", ".join(f"{rate:,}: {raw['docs_per_s']:,.0f}{_node_cpu(raw)}" for rate, raw in raws)
     return [
         "",
         "The node alone before each run (plain `_bulk` requests of served-shape documents "
         "from one client, nothing else running), documents/s by the run's rate: " + rates,
     ]
+
+
+def _node_cpu(raw: dict) -> str:
+    cpu = raw.get("node_cpu_s_per_million_docs")
+    return "" if cpu is None else f" ({cpu:g} CPU-s per million in the node)"
 
 
 def _replay_lines(system: str, mine: list[tuple[RunSummary, Serving]]) -> list[str]:

@@ -67,6 +67,10 @@ class ServedReader(threading.Thread):
     def reset(self) -> None:
         """Drop the connection after a transient failure (the next poll reconnects)."""
 
+    def finish(self) -> None:
+        """Once the run is over and the sink stopped, before the store goes: read what
+        `table` needs that polling did not (nothing by default)."""
+
     def run(self) -> None:
         try:
             while not self.stop_event.is_set():
@@ -80,6 +84,7 @@ class ServedReader(threading.Thread):
                 if found:
                     self.messages.append(found)
                     self.stamps.append(np.full(len(found), time.time() * 1000))
+                if found or counted:
                     self.last_progress = time.monotonic()
                 self.seen += counted
                 self.stop_event.wait(self.poll_s)
@@ -206,6 +211,11 @@ class ServingRun:
                 if rc not in (0, None):
                     tail = self.redact(self.sink.stderr_tail(5))
                     self.errors.append(f"serving sink exited with status {rc}: {tail}")
+            if self.reader is not None and self.reader.error is None:
+                try:
+                    self.reader.finish()
+                except Exception as exc:  # noqa: BLE001 - reported, the store still goes
+                    self.errors.append(f"served reader failed: {self.redact(str(exc))}")
             if replay and self.sink is not None and not self.errors:
                 self.replay_report = self._replay()
         finally:

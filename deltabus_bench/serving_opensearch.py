@@ -5,18 +5,20 @@ deleted afterwards with the sink's position document), else a throwaway node on 
 (deltabus.adapters.dev.opensearch_process), whose JVM's CPU is watched as "opensearch" and which is
 warmed up first (`warm_up`: a fresh JVM indexes far slower until it has compiled its
 indexing and search paths, which a serving node in use has long done). The sink
-acknowledges a batch once it is searchable (`refresh=wait_for`) and sends the next one
-after, so the stage takes about two to three refresh intervals (ADR 0005);
-`--serve-refresh-ms` sets the interval.
+acknowledges a batch once it is searchable (`refresh=wait_for`), with up to
+`--serve-in-flight` batches in flight; `--serve-refresh-ms` sets the refresh interval
+(ADR 0005).
 
-The reader stamps a message when the sink's position first covers it. Each poll reads
-the position P (a real-time get); only when P has moved does it search, for the
-documents of versions in (last P, P], sorted by (version, message) and paged with
-`search_after`. The sink writes P right after the bulk request that made those documents
-searchable returns, so the stamp is the moment they became searchable plus one request,
-and each document is returned, and counted, once. (Searching every poll for everything
-above the last P instead re-sorted a second of documents fifty times a second, and that
-reader alone took more than a core of the node's CPU at 10k msg/s.)
+The reader stamps a version when the sink's position first covers it. Each poll reads
+the position P (a real-time get); only when P has moved does it search, for the number
+of documents of each version in (last P, P] (a terms aggregation, no documents fetched).
+The sink writes P right after the bulk request that made those documents searchable
+returns, so the stamp is the moment they became searchable plus one request. Once the
+run is over, one scroll reads every document's message and version: a message is served
+at its version's stamp if the count at the stamp was all of that version's documents,
+and never otherwise. (Fetching each poll's documents, sorted by version and message,
+took the node about a third of a core at 30k msg/s, and made the sink fall behind
+there: docs/benchmarks/archive.md, "Serving: OpenSearch beside PostgreSQL".)
 """
 
 from __future__ import annotations
@@ -28,17 +30,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
+
 from deltabus.adapters.serving import opensearch_connection as osc
 from deltabus.adapters.serving.opensearch_documents import INDEX_MAPPING, ONE_SHARD, POSITION_INDEX
 from deltabus.adapters.serving.opensearch_target import (
     DEFAULT_IN_FLIGHT,
     DEFAULT_REFRESH_INTERVAL_MS,
 )
-from deltabus_bench.serving import SERVER_CPU, ServedReader, ServingRun
+from deltabus_bench.serving import SERVED_SCHEMA, SERVER_CPU, ServedReader, ServingRun
 
 log = logging.getLogger("deltabus_bench")
 
 PAGE = 10_000  # hits per search request (OpenSearch's default result window)
+SCROLL = "2m"  # how long the end-of-run scan's scroll context lives between pages
 WARMUP_INDEX = "deltabus_bench_warmup"
 WARMUP_DOCS = 20_000
 WARMUP_BULK = 2_000
@@ -48,16 +54,13 @@ RAW_S = 10.0
 RAW_BULK = 1_000
 
 
-def _search_body(above: int, upto: int) -> dict[str, Any]:
-    """The reader's search: documents of versions in (`above`, `upto`], by (version,
-    message)."""
+def _count_body(above: int, upto: int) -> dict[str, Any]:
+    """The reader's poll: the number of documents of each version in (`above`, `upto`]."""
     return {
-        "size": PAGE,
-        "_source": False,
+        "size": 0,
         "track_total_hits": False,
         "query": {"range": {"version": {"gt": above, "lte": upto}}},
-        # Bench messages are short, so each has a keyword value to sort by.
-        "sort": [{"version": "asc"}, {"message": "asc"}],
+        "aggs": {"v": {"terms": {"field": "version", "size": max(1, upto - above)}}},
     }
 
 
@@ -81,7 +84,7 @@ def warm_up(url: str, refresh_interval_ms: int) -> int:
                 doc = {"message": f"warmup-{i}", "timestamp": i / 1000, "time": i}
                 lines += [json.dumps({"index": meta}), json.dumps(doc | {"version": version})]
             client.bulk(body="\n".join(lines) + "\n", index=WARMUP_INDEX, refresh="wait_for")
-            client.search(index=WARMUP_INDEX, body=_search_body(version - 1, version))
+            client.search(index=WARMUP_INDEX, body=_count_body(version - 1, version))
             done += WARMUP_BULK
         return done
     finally:
@@ -95,12 +98,15 @@ def raw_capacity(
     seconds: float = RAW_S,
     in_flight: int = DEFAULT_IN_FLIGHT,
     docs: int = RAW_BULK,
+    node_pid: int | None = None,
 ) -> dict[str, Any]:
     """The node's own indexing rate for served documents: `in_flight` threads of one
     plain client send `_bulk` requests of `docs` external-version `index` operations
     (the sink's shape, no refresh wait) into a scratch index for `seconds`, which is
-    deleted afterwards."""
+    deleted afterwards; with `node_pid`, also the node's CPU-seconds per million of them."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from deltabus_bench.environment import process_tree_cpu_s
 
     client = osc.client(url)
     settings = ONE_SHARD | {"refresh_interval": f"{refresh_interval_ms}ms"}
@@ -126,11 +132,13 @@ def raw_capacity(
             sent += docs
         return sent
 
+    node_before = process_tree_cpu_s(node_pid) if node_pid else None
     started = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=in_flight) as pool:
             total = sum(pool.map(lambda _: sender(), range(in_flight)))
         elapsed = time.monotonic() - started
+        node_after = process_tree_cpu_s(node_pid) if node_pid else None
     finally:
         client.indices.delete(index=RAW_INDEX, ignore_unavailable=True)
         client.close()
@@ -140,18 +148,26 @@ def raw_capacity(
         "docs_per_s": round(total / elapsed, 1),
         "in_flight": in_flight,
         "docs_per_request": docs,
+        "node_cpu_s_per_million_docs": (
+            round((node_after - node_before) / total * 1e6, 1)
+            if node_before is not None and node_after is not None and total
+            else None
+        ),
     }
 
 
 class OpenSearchReader(ServedReader):
-    """Polls the sink's position, and when it moved, the served index for the documents
-    of the versions it passed (see the module docstring)."""
+    """Polls the sink's position, and when it moved, counts the documents of each version
+    it passed; once the run is over, reads every document's message and version (see the
+    module docstring)."""
 
     def __init__(self, url: str, index: str, poll_s: float) -> None:
         super().__init__(poll_s)
         self.url, self.index = url, index
         self.last = -1  # the sink's position at the previous poll
         self.client: Any = None
+        self.stamped: dict[int, tuple[float, int]] = {}  # version: (when covered, its docs)
+        self.documents = pa.table({"message": pa.array([], pa.string()), "version": []})
 
     def _position(self) -> int:
         """The sink's position: its last unified version whose documents are searchable."""
@@ -169,19 +185,64 @@ class OpenSearchReader(ServedReader):
         position = self._position()
         if position <= self.last:
             return [], 0  # nothing newly searchable: no search
-        found: list[str] = []
-        after: list[Any] | None = None
-        while True:
-            body = _search_body(self.last, position)
-            if after is not None:
-                body["search_after"] = after
-            hits = self.client.search(index=self.index, body=body)["hits"]["hits"]
-            found += [hit["sort"][1] for hit in hits]
-            if len(hits) < PAGE:
-                break
-            after = hits[-1]["sort"]
+        body = _count_body(self.last, position)
+        buckets = self.client.search(index=self.index, body=body)["aggregations"]["v"]["buckets"]
+        counts = {int(b["key"]): int(b["doc_count"]) for b in buckets}
+        now = time.time() * 1000
+        for version in range(self.last + 1, position + 1):
+            self.stamped[version] = (now, counts.get(version, 0))
         self.last = position
-        return found, len(found)
+        return [], sum(counts.values())
+
+    def finish(self) -> None:
+        """Read every document's message and version (a scroll, once nothing writes)."""
+        if self.client is None:
+            self.client = osc.client(self.url)
+        messages: list[str] = []
+        versions: list[int] = []
+        body = {
+            "size": PAGE,
+            "_source": False,
+            "docvalue_fields": ["message", "version"],
+            "sort": ["_doc"],
+        }
+        page = self.client.search(index=self.index, body=body, scroll=SCROLL)
+        try:
+            while hits := page["hits"]["hits"]:
+                messages += [hit["fields"]["message"][0] for hit in hits]
+                versions += [int(hit["fields"]["version"][0]) for hit in hits]
+                page = self.client.scroll(scroll_id=page["_scroll_id"], scroll=SCROLL)
+        finally:
+            self.client.clear_scroll(scroll_id=page["_scroll_id"])
+        self.documents = pa.table(
+            {"message": pa.array(messages, pa.string()), "version": pa.array(versions, pa.int64())}
+        )
+
+    def table(self) -> pa.Table:
+        """Each document's message, stamped when the sink's position first covered its
+        version, if every document of that version was searchable then (else unstamped:
+        the position ran ahead of the index, and the message counts as never served)."""
+        stamps = pa.table(
+            {
+                "version": pa.array(list(self.stamped), pa.int64()),
+                "served_ms": pa.array([t for t, _ in self.stamped.values()], pa.float64()),
+                "counted": pa.array([n for _, n in self.stamped.values()], pa.int64()),
+            }
+        )
+        con = duckdb.connect()
+        con.register("docs", self.documents)
+        con.register("stamps", stamps)
+        return (
+            con.sql(
+                """SELECT d.message, s.served_ms
+               FROM docs d
+               JOIN (SELECT version, count(*) AS n FROM docs GROUP BY version) c USING (version)
+               JOIN stamps s USING (version)
+               WHERE s.counted = c.n"""
+            )
+            .to_arrow_table()
+            .cast(SERVED_SCHEMA)
+        )
 
     def is_transient(self, exc: BaseException) -> bool:
         return osc.is_transient(exc)
@@ -231,7 +292,9 @@ class OpenSearchServingRun(ServingRun):
         started = time.monotonic()
         docs = warm_up(self.url, self.refresh_interval_ms)
         log.info("OpenSearch warmed up: %d documents in %.1f s", docs, time.monotonic() - started)
-        self.raw_capacity = raw_capacity(self.url, self.refresh_interval_ms)
+        self.raw_capacity = raw_capacity(
+            self.url, self.refresh_interval_ms, node_pid=self.node.process.pid
+        )
         log.info(
             "OpenSearch alone: %.0f documents/s in plain _bulk requests (%d in flight)",
             self.raw_capacity["docs_per_s"],

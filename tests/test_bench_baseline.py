@@ -180,3 +180,30 @@ def test_plain_loopback_runs_are_judged_against_the_anchors(tmp_path: Path) -> N
         "| < 0.26 / 0.67 s | met |" in page
     )
     assert "| 0.30 s / 0.50 s | < 0.28 / 0.64 s | **missed** |" in page
+
+
+def test_a_missed_serving_goal_says_what_the_rate_would_take_of_the_cores() -> None:
+    """The node at its CPU per document alone (the median of the runs'), the rest at its
+    CPU per message in the highest-rate run, at 80 % of the node's own rate."""
+    from deltabus_bench.goals import serving_cpu_budget
+
+    def run(rate: int, node_cpu: float, per_msg: dict[str, float]) -> dict:
+        raw = {"docs_per_s": 50000.0, "node_cpu_s_per_million_docs": node_cpu}
+        serving = {"backend": "opensearch", "raw_capacity": raw}
+        return {"rate": rate, "serving": serving, "cost": {"cpu_s_per_million_msgs": per_msg}}
+
+    runs = [
+        run(10000, 30.0, {"etl": 9.0, "opensearch": 40.0, "serve sink": 20.0}),
+        run(50000, 35.0, {"etl": 4.0, "opensearch": 30.0, "serve sink": 16.0}),
+        run(20000, 40.0, {"etl": 6.0, "opensearch": 35.0, "serve sink": 18.0}),
+    ]
+    said = serving_cpu_budget(runs, 40000.0, "2 cores (AMD EPYC), 24 GiB RAM")
+    # node: 35 CPU-s per million x 40,000/s = 1.4 cores; the rest: (4 + 16) x 40,000/s = 0.8
+    assert (
+        said
+        == ": at 40,000 msg/s the node alone would take 1.4 cores and the rest at least 0.8, of 2"
+    )
+    runs[1]["serving"]["raw_capacity"].pop("node_cpu_s_per_million_docs")
+    budget = serving_cpu_budget(runs, 40000.0, "2 cores (AMD EPYC)")
+    assert "1.6 cores" in budget  # the upper median of 30 and 40, as for the raw rate
+    assert serving_cpu_budget(runs, 40000.0, "a machine") == ""  # no core count: nothing said

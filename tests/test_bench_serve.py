@@ -93,6 +93,8 @@ def test_bench_serve_opensearch(minio: MinioServer, tmp_path: Path) -> None:
     assert serving["in_flight"] == 4
     raw = serving["raw_capacity"]  # the node alone, before the run
     assert raw["docs"] > 0 and raw["docs_per_s"] > 0 and raw["docs_per_request"] == 1000
+    assert raw["node_cpu_s_per_million_docs"] > 0  # the node's own CPU per document
+    assert "CPU-s per million in the node" in stdout
     assert "The node alone before each run" in stdout
     sink = serving["sink_report"]
     assert sink["docs_indexed"] == sink["indexed_docs"] == 10_000, sink
@@ -170,40 +172,63 @@ def test_the_console_is_rendered_from_the_runs_not_from_report_md() -> None:
 
 
 class FakeIndex:
-    """The two requests the reader makes: the sink's position (a get) and a search of
-    documents above a version, sorted by (version, message), paged by search_after."""
+    """The requests the reader makes: the sink's position (a get), the number of
+    documents per version in a range (a terms aggregation), and, once the run is over,
+    every document's message and version (a scroll)."""
 
     def __init__(self, docs: list[tuple[int, str]], position: int) -> None:
         self.docs, self.position = docs, position
         self.searches = 0
+        self.cleared: list[str] = []
 
     def get(self, index: str, id: str) -> dict:
         return {"found": True, "_source": {"version": self.position}}
 
-    def search(self, index: str, body: dict) -> dict:
+    def search(self, index: str, body: dict, scroll: str | None = None) -> dict:
+        if scroll is not None:
+            return self._page(0, body["size"])
         self.searches += 1
         bounds = body["query"]["range"]["version"]
-        hits = sorted((v, m) for v, m in self.docs if bounds["gt"] < v <= bounds["lte"])
-        if "search_after" in body:
-            hits = [h for h in hits if list(h) > body["search_after"]]
-        return {"hits": {"hits": [{"sort": list(h)} for h in hits[: body["size"]]]}}
+        versions = [v for v, _ in self.docs if bounds["gt"] < v <= bounds["lte"]]
+        buckets = [{"key": v, "doc_count": versions.count(v)} for v in sorted(set(versions))]
+        return {"aggregations": {"v": {"buckets": buckets}}}
+
+    def _page(self, start: int, size: int) -> dict:
+        hits = [
+            {"fields": {"message": [m], "version": [v]}} for v, m in self.docs[start : start + size]
+        ]
+        return {"_scroll_id": f"{start + size}:{size}", "hits": {"hits": hits}}
+
+    def scroll(self, scroll_id: str, scroll: str) -> dict:
+        start, size = map(int, scroll_id.split(":"))
+        return self._page(start, size)
+
+    def clear_scroll(self, scroll_id: str) -> None:
+        self.cleared.append(scroll_id)
 
     def close(self) -> None:
         pass
 
 
-def test_opensearch_reader_counts_each_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opensearch_reader_stamps_versions_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message is served at the first poll whose position covers its version, when all
+    of that version's documents were searchable then; never when some were missing."""
     monkeypatch.setattr("deltabus_bench.serving_opensearch.PAGE", 2)  # several pages
     reader = OpenSearchReader("http://127.0.0.1:9201", "served", 0.01)
     # Versions 1-2 are acknowledged (position 2); version 3 is searchable already.
     index = FakeIndex([(1, "a"), (1, "b"), (2, "c"), (3, "d"), (3, "e")], position=2)
     reader.client = index
-    assert reader.poll() == (["a", "b", "c"], 3)  # up to the position only
+    assert reader.poll() == ([], 3)  # up to the position only
     index.docs.append((3, "f"))  # the rest of version 3, then its position
-    assert reader.poll() == ([], 0) and index.searches == 2  # two pages, then no search
-    index.position = 3
-    assert reader.poll() == (["d", "e", "f"], 3)
-    assert reader.poll() == ([], 0)
+    assert reader.poll() == ([], 0) and index.searches == 1  # no move: no search
+    index.position = 4  # version 4 is acknowledged before its document is searchable
+    assert reader.poll() == ([], 3)
+    index.docs.append((4, "g"))
+    reader.finish()
+    assert index.cleared  # the scroll context is released
+    served = {m: t for m, t in zip(*reader.table().to_pydict().values(), strict=True)}
+    assert set(served) == {"a", "b", "c", "d", "e", "f"}  # g: not all of version 4 counted
+    assert served["a"] == served["c"] < served["d"] == served["f"]
 
 
 class FakeCluster:
