@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from deltabus.adapters.dev.cluster import PID_FILE
-from deltabus.adapters.dev.minio_process import MinioCluster, build_minio, find_minio
+from deltabus.adapters.dev.minio_process import MinioCluster, MinioServer, build_minio, find_minio
 from deltabus.core.net import port_taken
 from deltabus.core.processes import LAKE_ENV_PREFIXES, process_alive
 from deltabus.delta.lake import Lake
@@ -270,3 +270,20 @@ def test_cli_minio_up_single_node_writes_credentials_and_down(tmp_path: Path) ->
     env_file.write_text("DELTABUS_MINIO_ENDPOINT=http://minio.example:9000\n")
     remote = run_cli(up, env, tmp_path, timeout=60)
     assert remote.returncode == 2 and "is not a local http://127.0.0.1:PORT" in remote.stderr
+
+
+def test_cli_minio_up_names_another_checkouts_minio_on_the_port(
+    minio: MinioServer, tmp_path: Path
+) -> None:
+    """A MinIO this data directory did not start holds the endpoint, with other
+    credentials: `up` stops with the store's rejection and says whose MinIO it may be and
+    how to free the port, and leaves that MinIO running."""
+    port = int(minio.endpoint.rsplit(":", 1)[1])
+    env_file, env, data_dir, up, _ = dev_minio_cli(tmp_path, port, "dev-other")
+    result = run_cli(up, env, tmp_path, timeout=60)
+    assert result.returncode != 0
+    assert "rejected the credentials" in result.stderr
+    assert f"a MinIO not started from {data_dir} answers at" in result.stderr
+    assert "run `deltabus minio down` there" in result.stderr
+    assert not (data_dir / "minio.pid").exists()
+    assert Lake(minio_settings_for(minio, "p")).exists("nothing") is False  # still serving

@@ -78,8 +78,10 @@ def minio_up(
     settings, port, notes = local
     data_dir.mkdir(parents=True, exist_ok=True)
     relay_url = _relay_up(data_dir, relay_port, notes) if notify else None
+    foreign = False  # a MinIO this data directory did not start holds the endpoint
     if minio_alive(settings.minio_endpoint):
         notes.append(f"MinIO already running at {settings.minio_endpoint}")
+        foreign = not (data_dir / "minio.pid").exists()
     else:
         server = MinioServer(
             data_dir.resolve() / "data",
@@ -93,8 +95,17 @@ def minio_up(
         (data_dir / "minio.pid").write_text(str(server.process.pid))  # type: ignore[union-attr]
         notes.append(f"MinIO started at {server.endpoint} (pid {server.process.pid})")  # type: ignore[union-attr]
     lake = Lake(settings)
-    created = lake.init_bucket()
-    lake.check(write=True)
+    try:
+        created = lake.init_bucket()
+        lake.check(write=True)
+    except StorageError as exc:
+        if foreign:
+            exc.hint = (
+                f"a MinIO not started from {data_dir} answers at {settings.minio_endpoint} "
+                "(another checkout's `deltabus minio up`?): run `deltabus minio down` "
+                "there, or set DELTABUS_MINIO_ENDPOINT to a free port; or " + (exc.hint or "")
+            )
+        raise
     notes.append(f"bucket '{settings.bucket}' {'created' if created else 'ready'}")
     if relay_url:
         from deltabus.bus.notify_relay import subscribe
