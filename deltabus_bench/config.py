@@ -17,6 +17,7 @@ BACKBONES = ("delta", "kafka")
 ETLS = ("pathway", "spark", "kafka-streams")
 # --serve: the serving sinks (deltabus_bench.serving) and the stores they serve into.
 SERVE_SYSTEMS = {"postgres": "PostgreSQL", "opensearch": "OpenSearch"}
+SERVER_CPU = {"postgres": "postgresql", "opensearch": "opensearch"}  # its server's CPU name
 SERVE_BACKENDS = tuple(SERVE_SYSTEMS)
 
 

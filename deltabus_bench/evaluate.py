@@ -304,8 +304,8 @@ def _log_run(state: RunState, summary: RunSummary, errors: list[str]) -> None:
 
 def _serving(cfg: BenchConfig, state: RunState, samples: pa.Table, errors: list[str]) -> Serving:
     """--serve: the serving stage, its verdict and its CPU (deltabus_bench.serving)."""
+    from deltabus_bench.config import SERVER_CPU
     from deltabus_bench.serving import (
-        SERVER_CPU,
         SINK_CPU,
         SYSTEMS,
         serving_summary,

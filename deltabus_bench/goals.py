@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltabus_bench.anchors import ANCHORS, profile_key
+from deltabus_bench.config import SERVER_CPU
 
 Report = dict[str, Any]
 
@@ -76,7 +77,6 @@ IDLE_REQUESTS_PER_S = 2.0
 IDLE_CPU_PCT = 2.0
 SERVE_SHARE = 0.8  # the sink keeps up at this share of the node's own bulk rate
 SERVE_P99_S = 1.0  # searchable p99 at half of the node's own rate, at most
-SERVER_NAME = "opensearch"  # the node's component in a run's CPU figures
 
 
 def _store(report: Report) -> str:
@@ -202,7 +202,7 @@ def _serving_goals(report: Report) -> Iterator[Judged]:
     if not raws:
         yield Judged("OpenSearch sink: share of the node's own bulk rate", "—", "", None)
         return
-    raw = sorted(raws)[len(raws) // 2]
+    raw = _upper_median(raws)
     served = (report.get("highest_keeping_up_rate") or {}).get("opensearch serving")
     yield Judged(
         "OpenSearch sink: highest rate served keeping up, against the node's own "
@@ -226,23 +226,29 @@ def _serving_goals(report: Report) -> Iterator[Judged]:
         )
 
 
+def _upper_median(values: list[float]) -> float:
+    """The middle value, the upper of the two middle ones for an even count."""
+    return sorted(values)[len(values) // 2]
+
+
 def serving_cpu_budget(runs: list[dict[str, Any]], rate: float, machine: str) -> str:
     """What serving `rate` msg/s would take of the machine's cores: the node at its CPU
     per document alone (median of the runs' raw measurements), and every other component
     at its CPU per message in the highest-rate run (a lower bound: costs per message fall
     as the rate rises); empty when a figure is missing."""
-    alone = sorted(
+    alone = [
         cpu
         for r in runs
         if (cpu := (r["serving"].get("raw_capacity") or {}).get("node_cpu_s_per_million_docs"))
-    )
+    ]
     cores = re.match(r"(\d+) cores", machine)
     top = max(runs, key=lambda r: r["rate"])
     per_msg = (top.get("cost") or {}).get("cpu_s_per_million_msgs") or {}
     if not alone or cores is None or not per_msg:
         return ""
-    node = alone[len(alone) // 2] * rate / 1e6
-    rest = sum(v for k, v in per_msg.items() if k != SERVER_NAME) * rate / 1e6
+    node = _upper_median(alone) * rate / 1e6
+    server = SERVER_CPU["opensearch"]
+    rest = sum(v for k, v in per_msg.items() if k != server) * rate / 1e6
     return (
         f": at {rate:,.0f} msg/s the node alone would take {node:.1f} cores and the rest at "
         f"least {rest:.1f}, of {cores.group(1)}"

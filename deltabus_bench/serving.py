@@ -34,7 +34,6 @@ log = logging.getLogger("deltabus_bench")
 
 SERVED_SCHEMA = pa.schema([("message", pa.string()), ("served_ms", pa.float64())])
 SYSTEMS = SERVE_SYSTEMS  # per backend, the store's name
-SERVER_CPU = {"postgres": "postgresql", "opensearch": "opensearch"}  # its server's CPU name
 SINK_CPU = "serve sink"
 REPLAY_TIMEOUT_S = 1800  # --serve-replay: the longest a standalone load may take
 

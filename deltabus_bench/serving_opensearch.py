@@ -39,7 +39,8 @@ from deltabus.adapters.serving.opensearch_target import (
     DEFAULT_IN_FLIGHT,
     DEFAULT_REFRESH_INTERVAL_MS,
 )
-from deltabus_bench.serving import SERVED_SCHEMA, SERVER_CPU, ServedReader, ServingRun
+from deltabus_bench.config import SERVER_CPU
+from deltabus_bench.serving import SERVED_SCHEMA, ServedReader, ServingRun
 
 log = logging.getLogger("deltabus_bench")
 
@@ -167,7 +168,9 @@ class OpenSearchReader(ServedReader):
         self.last = -1  # the sink's position at the previous poll
         self.client: Any = None
         self.stamped: dict[int, tuple[float, int]] = {}  # version: (when covered, its docs)
-        self.documents = pa.table({"message": pa.array([], pa.string()), "version": []})
+        self.documents = pa.table(
+            {"message": pa.array([], pa.string()), "version": pa.array([], pa.int64())}
+        )
 
     def _position(self) -> int:
         """The sink's position: its last unified version whose documents are searchable."""

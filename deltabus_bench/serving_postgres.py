@@ -8,7 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from deltabus_bench.serving import SERVER_CPU, ServedReader, ServingRun
+from deltabus_bench.config import SERVER_CPU
+from deltabus_bench.serving import ServedReader, ServingRun
 
 log = logging.getLogger("deltabus_bench")
 

@@ -26,7 +26,7 @@ import obstore
 
 from deltabus.core.processes import child_env
 from deltabus.delta.lake import Lake
-from deltabus.delta.vacuum import BULK, delete_paced
+from deltabus.delta.vacuum import delete_paced
 from tools.scratch_minio import scratch_lake
 
 DURATION_S = 160
@@ -42,12 +42,8 @@ def _put(lake: Lake, keys: list[str]) -> None:
 def _burst(lake: Lake, keys: list[str]) -> None:
     thirds = [keys[i::3] for i in range(3)]
 
-    def one(part: list[str]) -> None:
-        for start in range(0, len(part), BULK):
-            obstore.delete(lake.object_store, part[start : start + BULK])
-
     with ThreadPoolExecutor(3) as pool:
-        list(pool.map(one, thirds))
+        list(pool.map(lambda part: delete_paced(lake, part, 0, "burst deletes"), thirds))
 
 
 def _deletes(lake: Lake, burst: list[str], paced: list[str], t0: float, per_s: float) -> dict:

@@ -21,6 +21,7 @@ from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
 from deltabus.delta.lake import Lake
 from deltabus.delta.retention import oldest_version
+from deltabus.delta.vacuum import delete_paced
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,6 @@ def _keys(lake: Lake, prefix: str) -> list[tuple[str, int]]:
     return retry_storage(listed, what=f"list {prefix}")
 
 
-def _delete(lake: Lake, keys: list[str], what: str) -> None:
-    for start in range(0, len(keys), 1000):
-        chunk = keys[start : start + 1000]
-        retry_storage(lambda c=chunk: obstore.delete(lake.object_store, c), what=what)
-
-
 def _refuse_live(group: Group, action: str) -> None:
     members = group.live_members()
     if members:
@@ -77,7 +72,7 @@ def delete_group(lake: Lake, name: str) -> int:
     keys = [k for k, _ in _keys(lake, group.prefix)]
     if not keys:
         raise ConfigError(f"no consumer group {name!r} in the lake at {lake.root}")
-    _delete(lake, keys, f"delete group {name}")
+    delete_paced(lake, keys, 0, f"delete group {name}")
     return len(keys)
 
 
@@ -176,7 +171,7 @@ def delete_stream(lake: Lake, stream: Stream) -> tuple[int, int]:
     found = stream_objects(lake, stream)
     declaration = [k for k, _ in found if k.startswith(f"{STREAMS_PREFIX}/")]
     rest = [k for k, _ in found if not k.startswith(f"{STREAMS_PREFIX}/")]
-    _delete(lake, rest, f"delete stream {stream.name}'s tables")
-    _delete(lake, declaration, f"delete stream {stream.name}'s declaration")
+    delete_paced(lake, rest, 0, f"delete stream {stream.name}'s tables")
+    delete_paced(lake, declaration, 0, f"delete stream {stream.name}'s declaration")
     log.info("deleted stream %s: %d objects", stream.name, len(found))
     return len(found), sum(size for _, size in found)
