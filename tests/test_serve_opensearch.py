@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -220,11 +221,25 @@ def unassign_shards(url: str, index: str, unassigned: bool) -> None:
             client.indices.put_settings(index=index, body=rule)
         wanted = {"red"} if unassigned else {"green", "yellow"}
         deadline = time.monotonic() + 30
-        while client.cluster.health(index=index)["status"] not in wanted:
+        while (
+            client.cluster.health(index=index)["status"] not in wanted
+            or reads_fail(client, index) != unassigned
+        ):
             assert time.monotonic() < deadline, f"{index} did not turn {wanted}"
             time.sleep(0.2)
     finally:
         client.close()
+
+
+def reads_fail(client: Any, index: str) -> bool:
+    """True when a multi-get of `index` fails: its shard answers no reads."""
+    from opensearchpy.exceptions import TransportError
+
+    try:
+        docs = client.mget(index=index, body={"ids": ["probe"]})["docs"]
+    except TransportError:
+        return True
+    return any("error" in doc for doc in docs)
 
 
 def test_a_retraction_waits_for_a_shard_that_is_not_serving_yet(

@@ -11,12 +11,17 @@ lagging reader still needs.
 Without `--first-at`, a pass starts `--interval` s after the previous one ended (and
 after the start). With `--first-at EPOCH_S`, passes are due at EPOCH_S + k x interval
 (k = 0, 1, ...), whatever each takes (a slot that a long pass overran is skipped), so they
-keep their place within the soak's windows.
+keep their place within the soak's windows. After each pass the process hands the memory
+the pass freed back to the system (Arrow's pool, then the C heap), so its resident size
+between passes is what it holds, not what its largest pass once needed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import json
 import signal
 import sys
@@ -66,7 +71,20 @@ def main(argv: list[str] | None = None) -> int:
             event = {"event": "error", "start_ms": started * 1000, "error": str(exc)[:500]}
         sys.stdout.write(json.dumps(event) + "\n")
         sys.stdout.flush()
+        release_memory()
     return 0
+
+
+def release_memory() -> None:
+    """Return freed memory to the system: Python's cycles, Arrow's pool and, with glibc,
+    the free pages of its heap (`malloc_trim`), which it otherwise keeps for reuse."""
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")
+    if libc is not None and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
 
 
 def _until_next(first_at: float | None, interval: float) -> float:
