@@ -63,14 +63,14 @@ bench: venv minio-bin kafka-jars toxiproxy-bin  ## latency + cost sweeps of work
 
 # Most tests wait on servers and child processes: two processes keep both cores busy.
 TEST_WORKERS ?= 2
-BASELINE_WORKLOADS ?= sweep-100ms sweep-1000ms idle store-s3-standard store-s3-express serve-postgres serve-opensearch
+BASELINE_WORKLOADS ?= sweep-100ms sweep-1000ms idle idle-5m idle-30m store-s3-standard store-s3-express serve-postgres serve-opensearch
 BASELINE_OUT ?= bench-out/baseline
 
 baseline: venv minio-bin kafka-jars toxiproxy-bin opensearch-jars  ## run BASELINE_WORKLOADS from a clean checkout and write docs/benchmarks/results.md from their reports (one date, commit, CPU)
 	@test -z "$$(git status --porcelain --untracked-files=no)" || { echo "baseline: commit or stash your changes first: a baseline names one clean commit" >&2; exit 2; }
 	rm -rf $(BASELINE_OUT)
 	failed=; for w in $(BASELINE_WORKLOADS); do $(PY) -m deltabus bench --workload workloads/$$w.yaml --out $(BASELINE_OUT)/$$w || failed="$$failed $$w"; done; \
-	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --out docs/benchmarks/results.md || exit 1; \
+	$(PY) -m deltabus_bench.baseline $(BASELINE_OUT) --long-runs docs/benchmarks/long-runs --out docs/benchmarks/results.md || exit 1; \
 	test -z "$$failed" || { echo "baseline: the page is written; these workloads reported errors (see their report.md):$$failed" >&2; exit 1; }
 
 opensearch-jars:  ## fetch the embedded OpenSearch node's jars with Maven (cached in ~/.cache/deltabus)

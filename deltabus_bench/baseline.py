@@ -4,6 +4,7 @@ Reads the `report.json` of every benchmark output folder given (searched recursi
 writes one Markdown page of their runs. A baseline is one date, one commit and one CPU
 model: reports that differ in any of them, or that lack them (written before reports
 named their commit), are refused with exit status 2, naming each report's values.
+`--long-runs DIR` adds the soaks saved there, each with its own date, commit and CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from deltabus_bench.goals import goal_table, idle_figures
+from deltabus_bench.soak_markdown import soak_section
 
 ANCHORS_LINK = "../design/architecture.md#anchors-the-published-figures-deltabus-is-compared-with"
 
@@ -64,6 +66,45 @@ def check_one_baseline(reports: list[Report]) -> tuple[str, str, str]:
         "not:\n" + "\n".join(lines) + "\nrerun them together from a clean checkout "
         "(make baseline), or give only the folders of one run"
     )
+
+
+def find_long_runs(folder: Path) -> list[Report]:
+    """Every soak report (`windows.json` saved as NAME.json) in `folder`, in name order.
+    Each must be complete and name its date, a clean commit and its CPU, since it stands
+    beside the baseline with its own; BaselineError names the first that does not."""
+    if not folder.is_dir():
+        raise BaselineError(f"no folder {folder} for the long runs")
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        body = json.loads(path.read_text())
+        commit = body.get("commit")
+        if body.get("mode") != "soak in windows" or not body.get("complete"):
+            raise BaselineError(f"{path} is not a finished soak's windows.json")
+        if not (body.get("date") and commit and body.get("cpu")) or commit.endswith("+dirty"):
+            raise BaselineError(
+                f"{path} does not name its date, clean commit and CPU model (date "
+                f"{body.get('date')}, commit {commit}, cpu {body.get('cpu')}): rerun it "
+                "from a clean checkout"
+            )
+        found.append(Report(path.stem, path, body))
+    return found
+
+
+def long_runs_markdown(runs: list[Report]) -> list[str]:
+    """The page's last section: each long run with its own date, commit and CPU."""
+    if not runs:
+        return []
+    out = [
+        "",
+        "## Long runs",
+        "",
+        "Runs too long for a baseline, each with its own date, commit and CPU; their",
+        "`windows.json` is kept in `docs/benchmarks/long-runs/`. Their goals and",
+        "what they mean: [method.md](method.md).",
+    ]
+    for run in runs:
+        out += ["", *soak_section(run.body, run.name)]
+    return out
 
 
 def _seconds(value: Any) -> str:
@@ -154,9 +195,9 @@ def _idle_lines(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def baseline_markdown(reports: list[Report]) -> str:
+def baseline_markdown(reports: list[Report], long_runs: list[Report] | None = None) -> str:
     """The page: its provenance once, a summary row per workload, then per report its
-    command, runs, serving stage and idle cost."""
+    command, runs, serving stage and idle cost, then the `long_runs`."""
     day, commit, cpu = check_one_baseline(reports)
     out = [
         "# Benchmark results",
@@ -213,6 +254,7 @@ def baseline_markdown(reports: list[Report]) -> str:
             )
             out += ["", f"Highest rate keeping up: {listed}."]
         out += _serving_lines(runs) + _idle_lines(runs)
+    out += long_runs_markdown(long_runs or [])
     return "\n".join(out) + "\n"
 
 
@@ -223,10 +265,18 @@ def main(argv: list[str] | None = None) -> int:
         "folders that share one date, one commit and one CPU model.",
     )
     parser.add_argument("folders", nargs="+", type=Path, help="benchmark output folders")
+    parser.add_argument(
+        "--long-runs",
+        type=Path,
+        metavar="DIR",
+        help="a folder of soak reports (windows.json saved as NAME.json) to add, each with "
+        "its own date, commit and CPU",
+    )
     parser.add_argument("--out", type=Path, help="the page to write (default: stdout)")
     args = parser.parse_args(argv)
     try:
-        page = baseline_markdown(find_reports(args.folders))
+        long_runs = find_long_runs(args.long_runs) if args.long_runs else []
+        page = baseline_markdown(find_reports(args.folders), long_runs)
     except (BaselineError, OSError, json.JSONDecodeError) as exc:
         print(f"baseline: error: {exc}", file=sys.stderr)
         return 2

@@ -9,9 +9,10 @@ def _v(x: Any, fmt: str = "{:.3f}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
-def soak_markdown(report: dict[str, Any]) -> str:
+def soak_markdown(report: dict[str, Any], plot: bool = True) -> str:
     """windows.md: the goals, then per window latency and the store, CPU per component,
-    resident memory per process, and the accounting of messages."""
+    resident memory per process, and the accounting of messages; `plot`: with the link
+    to windows.png when the run is complete."""
     windows = report["windows"]
     lines = _summary_lines(report)
     lines += _by_name(windows, "cpu_pct_of_one_core", "CPU per component (% of one core)", "{:.1f}")
@@ -20,9 +21,21 @@ def soak_markdown(report: dict[str, Any]) -> str:
     )
     lines += _checkpoint_lines(windows)
     lines += _accounting_lines(report)
-    if report["complete"]:
+    if report["complete"] and plot:
         lines += ["", "![p50 / p99, resident memory and objects per window](windows.png)"]
     return "\n".join(lines) + "\n"
+
+
+def soak_section(report: dict[str, Any], name: str) -> list[str]:
+    """A soak as a section of the results page: `name`, the run's date, commit and CPU,
+    then windows.md without its title and plot, each heading one level under `name`'s."""
+    body = soak_markdown(report, plot=False).splitlines()[1:]
+    lines = [
+        f"### {name}",
+        "",
+        f"Started {report['date']}, commit {report['commit']}, {report['cpu']}.",
+    ]
+    return lines + ["##" + line if line.startswith("## ") else line for line in body]
 
 
 def soak_console(report: dict[str, Any]) -> str:

@@ -277,12 +277,16 @@ def build_soak_report(
     whole_run_requests: dict | None = None,
     final: bool,
 ) -> dict[str, Any]:
-    """windows.json: the windows so far (`final`: all of them, the goals, the errors).
+    """windows.json: the windows so far (`final`: all of them, the goals, the errors),
+    with the run's start (`date`, UTC), `commit` and `cpu` as a benchmark report has them.
 
     `soak` is the run's `SoakWindows`, `events` the maintenance loop's JSON lines,
     `run_errors` what the driving loop recorded; lost, repeated, unexpected or mistimed
     messages are errors of their own when `final`.
     """
+    from datetime import UTC, datetime
+
+    from deltabus_bench.environment import cpu_model, source_commit
     from deltabus_bench.report import store_description
     from deltabus_bench.soak_windows import latency_figures
 
@@ -300,6 +304,9 @@ def build_soak_report(
     report: dict[str, Any] = {
         "mode": "soak in windows",
         "complete": final,
+        "date": datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": source_commit(),
+        "cpu": cpu_model(),
         "rate": cfg.rates[0],
         "profile": cfg.profile,
         "store": store_description(cfg.store),

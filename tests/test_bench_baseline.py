@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltabus_bench.baseline import BaselineError, baseline_markdown, find_reports
+from deltabus_bench.baseline import BaselineError, baseline_markdown, find_long_runs, find_reports
 
 RUN = {
     "rate": 10000,
@@ -207,3 +207,49 @@ def test_a_missed_serving_goal_says_what_the_rate_would_take_of_the_cores() -> N
     budget = serving_cpu_budget(runs, 40000.0, "2 cores (AMD EPYC)")
     assert "1.6 cores" in budget  # the upper median of 30 and 40, as for the raw rate
     assert serving_cpu_budget(runs, 40000.0, "a machine") == ""  # no core count: nothing said
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"complete": False}, "is not a finished soak's windows.json"),
+        ({"mode": "sweep"}, "is not a finished soak's windows.json"),
+        ({"commit": None}, "does not name its date, clean commit and CPU model"),
+        ({"commit": "1a2b3c4+dirty"}, "does not name its date, clean commit and CPU model"),
+        ({"cpu": ""}, "does not name its date, clean commit and CPU model"),
+    ],
+)
+def test_a_long_run_without_its_provenance_is_refused(
+    tmp_path: Path, fields: dict[str, object], why: str
+) -> None:
+    soak = {
+        "mode": "soak in windows",
+        "complete": True,
+        "date": "2026-11-29 11:58 UTC",
+        "commit": "1a2b3c4",
+        "cpu": "AMD EPYC",
+    } | fields
+    (tmp_path / "soak-2h.json").write_text(json.dumps(soak))
+    with pytest.raises(BaselineError, match=why):
+        find_long_runs(tmp_path)
+
+
+def test_a_missing_long_runs_folder_is_named(tmp_path: Path) -> None:
+    report(tmp_path / "out")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deltabus_bench.baseline",
+            str(tmp_path / "out"),
+            "--long-runs",
+            str(tmp_path / "nowhere"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == f"baseline: error: no folder {tmp_path / 'nowhere'} for the long runs"
+    )

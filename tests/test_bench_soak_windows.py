@@ -19,7 +19,9 @@ from deltabus.core.errors import ConfigError
 from deltabus.delta.lake import Lake
 from deltabus.delta.retention import oldest_version
 from deltabus_bench.analysis import SAMPLES_TABLE
+from deltabus_bench.baseline import find_long_runs, long_runs_markdown
 from deltabus_bench.config import BenchConfig
+from deltabus_bench.environment import cpu_model, source_commit
 from deltabus_bench.histogram import MAX_MS, MIN_MS, RELATIVE_ERROR, LogHistogram
 from deltabus_bench.soak_report import evaluate_goals, in_force_after_s
 from deltabus_bench.soak_windows import SeenSet, scheduled_before
@@ -235,6 +237,8 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
 
     report = json.loads((out / "windows.json").read_text())
     assert report["complete"] is True and report["errors"] == []
+    assert report["cpu"] == cpu_model() and report["date"].endswith(" UTC")
+    assert report["commit"] == source_commit()
     assert report["windows_planned"] == 5 and len(report["windows"]) == 5
     assert report["maintenance"]["interval_s"] == 15
     assert report["maintenance"]["log_retention_s"] == 600
@@ -286,6 +290,13 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
     assert md.count("\n| 5 ") == 4  # window 5 in the latency, CPU, memory, checkpoint tables
     png = out / "windows.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
+    # Saved among the long runs, it is a section of the results page.
+    long_runs = tmp_path / "long-runs"
+    long_runs.mkdir()
+    (long_runs / "soak-75s.json").write_text(json.dumps(report | {"commit": "1a2b3c4"}))
+    page = "\n".join(long_runs_markdown(find_long_runs(long_runs)))
+    assert "### soak-75s\n" in page and "commit 1a2b3c4" in page and "#### Goals" in page
+    assert page.count("\n| 5 ") == 4 and "windows.png" not in page
     # No per-message analysis: no samples table, no report.md.
     assert not (out / "report.md").exists()
     assert not Lake(lake.settings.with_prefix(report["lake_prefix"])).exists(SAMPLES_TABLE)
