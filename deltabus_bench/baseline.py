@@ -4,7 +4,8 @@ Reads the `report.json` of every benchmark output folder given (searched recursi
 writes one Markdown page of their runs. A baseline is one date, one commit and one CPU
 model: reports that differ in any of them, or that lack them (written before reports
 named their commit), are refused with exit status 2, naming each report's values.
-`--long-runs DIR` adds the soaks saved there, each with its own date, commit and CPU.
+`--long-runs DIR` adds the soaks saved there (NAME.json), each with its own date, commit and
+CPU, and the reading of its goals (NAME.md) when there is one.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def find_long_runs(folder: Path) -> list[Report]:
 
 
 def long_runs_markdown(runs: list[Report]) -> list[str]:
-    """The page's last section: each long run with its own date, commit and CPU."""
+    """The page's last section: each long run with its own date, commit and CPU, and
+    the reading of its goals kept beside it (NAME.md: why a goal was missed), if any."""
     if not runs:
         return []
     out = [
@@ -104,6 +106,9 @@ def long_runs_markdown(runs: list[Report]) -> list[str]:
     ]
     for run in runs:
         out += ["", *soak_section(run.body, run.name)]
+        reading = run.path.with_suffix(".md")
+        if reading.is_file():
+            out += ["", "#### Reading", "", reading.read_text().strip()]
     return out
 
 

@@ -294,8 +294,10 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
     long_runs = tmp_path / "long-runs"
     long_runs.mkdir()
     (long_runs / "soak-75s.json").write_text(json.dumps(report | {"commit": "1a2b3c4"}))
+    (long_runs / "soak-75s.md").write_text("Why p99 moved.\n")
     page = "\n".join(long_runs_markdown(find_long_runs(long_runs)))
     assert "### soak-75s\n" in page and "commit 1a2b3c4" in page and "#### Goals" in page
+    assert page.endswith("#### Reading\n\nWhy p99 moved.")
     assert page.count("\n| 5 ") == 4 and "windows.png" not in page
     # No per-message analysis: no samples table, no report.md.
     assert not (out / "report.md").exists()
