@@ -20,7 +20,10 @@ Once messages flow, host 1's link goes down, then back up; once both groups are 
   wait for their timeouts. So the bound is the lease time or the store's impairment
   (measured by `StoreProbe` beside the run), whichever is longer, plus one S3 request
   timeout (a call that hung meanwhile) and `TAKEOVER_SLACK_S`; whether the takeover also
-  came within the lease time plus 2 s is printed;
+  came within the lease time plus 2 s is printed. A key the cut host was writing at the
+  cut stays locked until MinIO expires the lock (`MINIO_STALE_LOCK_S`): when the
+  survivor's read of one key hangs after the rest of the store is back, that expiry
+  replaces the impairment in the bound, and the key is printed;
 - fencing: once the link is back, the cut replica's old ETL children stop (killed on the
   lost lease, or fenced at their next commit) and no unified table has a commit of an
   older fencing epoch after a newer claim; the cut member says it lost (or released) its
@@ -103,6 +106,12 @@ ETL_TTL_S = 10.0  # `--lease-ttl-s`, the product's default
 GROUP_TTL_S = 6.0  # the members renew every ttl / 3 = 2 s
 REQUEST_TIMEOUT_S = 30.0  # deltabus' S3 request timeout (deltabus.delta.s3_access)
 TAKEOVER_SLACK_S = 7.0  # 2 s, and the storage retry's longest pause (5 s) after an outage
+# A write lock a MinIO node took just before its link went down stays on the other nodes'
+# lockers until their maintenance, every minute, finds it unrefreshed for a minute
+# (MinIO's cmd/lock-rest-server.go): a key the cut host was writing at the cut is
+# unreadable for up to 120 s, whatever the rest of the store does.
+MINIO_STALE_LOCK_S = 120.0
+UNREADABLE = re.compile(r"storage unavailable during read (\S+)")  # deltabus.core.retry
 CUT_HOLD_S = 22.0  # a link stays down this long (at least until the takeover)
 # MinIO's timeout of one call to a drive, local or remote (default 30 s): a node whose
 # link is down costs each call that still waits for it at most this long.
@@ -449,14 +458,20 @@ class Cut:
     store_impaired_s: float = 0.0
     store_slowest_s: float = 0.0
     store_failures: int = 0
+    held_key: str | None = None  # a key the survivor could not read after the store was back
     stopped_s: float = 0.0  # restore -> the cut process gave up the moved partitions
     evidence: list[str] = field(default_factory=list)
 
     @property
     def allowed_s(self) -> float:
-        """The takeover's bound: the lease time, or the store's impairment if longer, then
-        one request that hung meanwhile timing out and the slack."""
-        return max(self.ttl_s, self.store_impaired_s) + REQUEST_TIMEOUT_S + TAKEOVER_SLACK_S
+        """The takeover's bound: the lease time, or the store's impairment if longer (or
+        MinIO's stale-lock expiry, when a key the survivor needs stayed unreadable after
+        the rest of the store was back), then one request that hung meanwhile timing out
+        and the slack."""
+        impaired = self.store_impaired_s
+        if self.held_key is not None:
+            impaired = max(impaired, MINIO_STALE_LOCK_S)
+        return max(self.ttl_s, impaired) + REQUEST_TIMEOUT_S + TAKEOVER_SLACK_S
 
     def line(self) -> str:
         within = "within" if self.takeover_s <= self.ttl_s + 2 else "NOT within"
@@ -466,10 +481,27 @@ class Cut:
             f" time + 2 s; bound {self.allowed_s:.0f} s), read back from the lake after"
             f" {self.observed_s:.1f} s; the store was impaired for "
             f"{self.store_impaired_s:.1f} s after the cut ({self.store_failures} probe calls"
-            f" failed, the slowest took {self.store_slowest_s:.1f} s); the cut "
+            f" failed, the slowest took {self.store_slowest_s:.1f} s){self._held()}; the cut "
             f"process gave them up {self.stopped_s:.1f} s after its link came back: "
             + "; ".join(self.evidence)
         )
+
+    def _held(self) -> str:
+        if self.held_key is None:
+            return ""
+        return (
+            f"; the survivor could not read {self.held_key} after the store was back (a"
+            f" lock of the cut node's, which MinIO drops within {MINIO_STALE_LOCK_S:.0f} s)"
+        )
+
+
+def held_key(survivor: Proc, store_back_at: float) -> str | None:
+    """The first key whose read the survivor reported failing a whole request timeout after
+    `store_back_at`, when the probe's calls had stopped failing or being slow: a read that
+    began once the store was back, so a key held on its own."""
+    for _, line in survivor.said(UNREADABLE.pattern, store_back_at + REQUEST_TIMEOUT_S):
+        return UNREADABLE.search(line).group(1)  # type: ignore[union-attr]
+    return None
 
 
 @dataclass
@@ -831,6 +863,7 @@ class Workload:
         cut.store_impaired_s = probe.impaired_for(cut.cut_at, cut.restored_at)
         cut.store_slowest_s = probe.slowest(cut.cut_at, cut.restored_at)
         cut.store_failures = sum(cut.cut_at <= t <= cut.restored_at for t, _ in probe.errors)
+        cut.held_key = held_key(survivor, cut.cut_at + cut.store_impaired_s)
 
 
 def descendants(proc: Proc) -> set[int]:
