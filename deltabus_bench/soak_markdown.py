@@ -16,9 +16,11 @@ def soak_markdown(report: dict[str, Any], plot: bool = True) -> str:
     windows = report["windows"]
     lines = _summary_lines(report)
     lines += _by_name(windows, "cpu_pct_of_one_core", "CPU per component (% of one core)", "{:.1f}")
-    lines += _by_name(
-        windows, "rss_mb", "Resident memory per process (MB at the window's end)", "{:.0f}"
+    memory = (
+        "Resident memory per process (MB at the window's end; maintenance: the peak of the"
+        " window's passes, each a process of its own)"
     )
+    lines += _by_name(windows, "rss_mb", memory, "{:.0f}")
     lines += _checkpoint_lines(windows)
     lines += _accounting_lines(report)
     if report["complete"] and plot:

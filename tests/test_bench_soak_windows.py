@@ -21,9 +21,15 @@ from deltabus.delta.retention import oldest_version
 from deltabus_bench.analysis import SAMPLES_TABLE
 from deltabus_bench.baseline import find_long_runs, long_runs_markdown
 from deltabus_bench.config import BenchConfig
+from deltabus_bench.delta.maintenance_loop import run_pass
 from deltabus_bench.environment import cpu_model, source_commit
 from deltabus_bench.histogram import MAX_MS, MIN_MS, RELATIVE_ERROR, LogHistogram
-from deltabus_bench.soak_report import evaluate_goals, in_force_after_s
+from deltabus_bench.soak_report import (
+    evaluate_goals,
+    in_force_after_s,
+    maintenance_in_window,
+    set_maintenance_memory,
+)
 from deltabus_bench.soak_windows import SeenSet, scheduled_before
 from deltabus_bench.workload import ProducerSpec
 from tests.conftest import lake_env, minio_settings_for, run_cli
@@ -197,6 +203,34 @@ def test_goals_are_evaluated_against_their_targets() -> None:
     assert goals[3]["met"] is None and "not evaluated" in goals[3]["figure"]
 
 
+def _pass(start_ms: float, peak: float | None) -> dict:
+    table = {"files_compacted": 3, "files_vacuumed": 5}
+    window = {"event": "pass", "start_ms": start_ms, "end_ms": start_ms + 2_000}
+    return window | {"tables": [table], "peak_rss_mb": peak}
+
+
+def testset_maintenance_memory_in_a_window_is_the_peak_of_its_passes() -> None:
+    events = [_pass(1_000, 300.0), _pass(5_000, 320.5), _pass(20_000, 900.0)]
+    done = maintenance_in_window(events, 0, 10_000)
+    assert done["passes"] == 2 and done["peak_rss_mb"] == 320.5 and done["seconds"] == 4
+    assert done["files_compacted"] == 6 and done["files_vacuumed"] == 10
+    window = {"rss_mb": {"etl": 400.0, "maintenance": 40.0}, "maintenance": done}
+    window["rss_peak_mb"] = {"etl": 410.0, "maintenance": 41.0}
+    set_maintenance_memory(window)
+    assert window["rss_mb"] == {"etl": 400.0, "maintenance": 320.5}
+    assert window["rss_peak_mb"]["maintenance"] == 320.5
+    idle = {"rss_mb": {"etl": 400.0, "maintenance": 40.0}}
+    idle["maintenance"] = maintenance_in_window(events, 30_000, 40_000)
+    set_maintenance_memory(idle)  # no pass: the scheduler alone is not the maintenance
+    assert idle["maintenance"]["passes"] == 0 and idle["rss_mb"] == {"etl": 400.0}
+
+
+def test_a_pass_that_dies_is_an_error_with_its_memory() -> None:
+    event = run_pass(["--retention-hours", "not-a-number", "--once"])
+    assert event["event"] == "error" and "exited 2 without a result" in event["error"]
+    assert event["peak_rss_mb"] > 5
+
+
 def test_soak_options_are_checked() -> None:
     base = {"rates": (10_000,), "warmup": 5.0, "profile": "100ms", "out": Path("x")}
     ok = BenchConfig(duration=5 + 120, soak_minutes=2, window_minutes=0.5, **base)
@@ -259,7 +293,11 @@ def test_soak_in_windows_reports_every_window(minio: MinioServer, tmp_path: Path
         assert 0 < w["p50_s"] <= w["p90_s"] <= w["p99_s"] <= w["p99.9_s"] <= w["max_s"]
         assert 10 <= w["wall_s"] <= 20
         cpu, rss = w["cpu_pct_of_one_core"], w["rss_mb"]
-        assert components <= set(cpu) and components <= set(rss), (cpu, rss)
+        passes = w["maintenance"]["passes"]
+        assert components <= set(cpu), cpu
+        assert components - ({"maintenance"} if passes == 0 else set()) <= set(rss), rss
+        if passes:  # each pass a process of its own: maintenance's memory is their peak
+            assert rss["maintenance"] == w["maintenance"]["peak_rss_mb"] > 50, w["maintenance"]
         assert any(n.startswith("producer ") for n in rss)
         assert cpu["etl"] > 0 and all(v > 10 for v in rss.values()), (cpu, rss)
         assert all(w["rss_peak_mb"][n] >= v for n, v in rss.items())

@@ -140,7 +140,7 @@ class DeltaDriver:
             self.serving.start(lake.settings.prefix, self.env, cpu)
         if cfg.maintenance and self.soak is None:
             self.maint = self._maintenance()
-            cpu.watch("maintenance", self.maint.pid)
+            cpu.watch("maintenance", self.maint.pid, tree=True)  # a process per pass
         return Pipeline(
             handles=self.handles,
             consumer=self.consumer,
@@ -230,8 +230,8 @@ class DeltaDriver:
         return ChildProcess(name, command, self.env, self.context.work).start()
 
     def _maintenance(self, first_at: float | None = None) -> ChildProcess:
-        """The maintenance loop (bench.maintenance_loop) as its own process: every
-        `--maintenance-interval` s, from `first_at` (epoch s) when given."""
+        """The maintenance loop (bench.maintenance_loop) as its own process, each pass a
+        child of it: every `--maintenance-interval` s, from `first_at` (epoch s) when given."""
         cfg = self.cfg
         args = [
             sys.executable,
@@ -262,8 +262,8 @@ class DeltaDriver:
         self.maint = self._maintenance(first_at=first)
         if self.maintenance_log is not None:
             self.maintenance_log.append(self.maint.stdout_path)
-        self.cpu.watch("maintenance", self.maint.pid)
-        soak.monitor.watch("maintenance", self.maint.pid)
+        self.cpu.watch("maintenance", self.maint.pid, tree=True)  # a process per pass
+        soak.monitor.watch("maintenance", self.maint.pid, tree=True)
         soak.begin(start_ms)
 
     def _drain_step(self, elapsed: float) -> None:

@@ -11,19 +11,21 @@ lagging reader still needs.
 Without `--first-at`, a pass starts `--interval` s after the previous one ended (and
 after the start). With `--first-at EPOCH_S`, passes are due at EPOCH_S + k x interval
 (k = 0, 1, ...), whatever each takes (a slot that a long pass overran is skipped), so they
-keep their place within the soak's windows. After each pass the process hands the memory
-the pass freed back to the system (Arrow's pool, then the C heap), so its resident size
-between passes is what it holds, not what its largest pass once needed.
+keep their place within the soak's windows.
+
+Each pass is a process of its own (`--once`), as a deployment's `deltabus streams
+maintain` or Dagster run is; its JSON line carries the pass's peak resident memory
+(`peak_rss_mb`, from the kernel's accounting of the ended child). A process kept across
+passes grew by about 40 MB a pass against MinIO (docs/adr/0054).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
-import gc
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -39,7 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--first-at", type=float, default=None, help="epoch seconds of the first pass"
     )
+    parser.add_argument("--once", action="store_true", help="one pass in this process, then exit")
     args = parser.parse_args(argv)
+    if args.once:
+        sys.stdout.write(json.dumps(one_pass(args.retention_hours, args.retention_s)) + "\n")
+        return 0
+    pass_args = ["--once", "--retention-hours", str(args.retention_hours)]
+    if args.retention_s is not None:
+        pass_args += ["--retention-s", str(args.retention_s)]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(_until_next(args.first_at, args.interval)):
+        event = run_pass(pass_args)
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def one_pass(retention_hours: float, retention_s: int | None) -> dict:
+    """Maintain the time-zone pipeline's tables on the lake DELTABUS_* names; the pass's
+    JSON event (`pass`, or `error` with its message: the soak goes on)."""
     from deltabus.apps.timezones.contracts import INPUT_TABLES, UNIFIED_TABLE
     from deltabus.core.logs import setup_logging
     from deltabus.core.settings import load_settings
@@ -48,44 +69,44 @@ def main(argv: list[str] | None = None) -> int:
     from deltabus.delta.retention import RetentionPolicy
 
     setup_logging()
-    lake = Lake(load_settings())
-    tables = (*INPUT_TABLES, UNIFIED_TABLE)
-    if args.retention_s is not None:
-        retention = dict.fromkeys(tables, RetentionPolicy(max_age_s=args.retention_s))
+    started = time.time()
+    try:
+        lake = Lake(load_settings())
+        tables = (*INPUT_TABLES, UNIFIED_TABLE)
+        if retention_s is not None:
+            retention = dict.fromkeys(tables, RetentionPolicy(max_age_s=retention_s))
+        else:
+            unified_s = lake.settings.unified_retention_s
+            retention = {UNIFIED_TABLE: RetentionPolicy(max_age_s=unified_s)}
+        done = maintain(lake, tables, retention_hours, retention=retention)
+    except Exception as exc:  # noqa: BLE001 - reported, the soak goes on
+        return {"event": "error", "start_ms": started * 1000, "error": str(exc)[:500]}
+    return {
+        "event": "pass",
+        "start_ms": started * 1000,
+        "end_ms": time.time() * 1000,
+        "tables": [d.as_dict() for d in done],
+    }
+
+
+def run_pass(pass_args: list[str]) -> dict:
+    """One pass as a child process (`--once`): its event, with `peak_rss_mb`; an `error`
+    event if it printed none (it died)."""
+    started = time.time()
+    command = [sys.executable, "-m", "deltabus_bench.delta.maintenance_loop", *pass_args]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    out = child.stdout.read().decode(errors="replace")
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, for its usage
+    lines = out.strip().splitlines()
+    if lines:
+        event = json.loads(lines[-1])
     else:
-        unified_s = lake.settings.unified_retention_s
-        retention = {UNIFIED_TABLE: RetentionPolicy(max_age_s=unified_s)}
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    while not stop.wait(_until_next(args.first_at, args.interval)):
-        started = time.time()
-        try:
-            done = maintain(lake, tables, args.retention_hours, retention=retention)
-            event = {
-                "event": "pass",
-                "start_ms": started * 1000,
-                "end_ms": time.time() * 1000,
-                "tables": [d.as_dict() for d in done],
-            }
-        except Exception as exc:  # noqa: BLE001 - reported, the soak goes on
-            event = {"event": "error", "start_ms": started * 1000, "error": str(exc)[:500]}
-        sys.stdout.write(json.dumps(event) + "\n")
-        sys.stdout.flush()
-        release_memory()
-    return 0
-
-
-def release_memory() -> None:
-    """Return freed memory to the system: Python's cycles, Arrow's pool and, with glibc,
-    the free pages of its heap (`malloc_trim`), which it otherwise keeps for reuse."""
-    import pyarrow as pa
-
-    gc.collect()
-    pa.default_memory_pool().release_unused()
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name is not None else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+        reason = f"the pass exited {child.returncode} without a result"
+        event = {"event": "error", "start_ms": started * 1000, "error": reason}
+    event["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux counts KiB
+    return event
 
 
 def _until_next(first_at: float | None, interval: float) -> float:
