@@ -128,6 +128,19 @@ def source_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
 
 
+def provenance(at_s: float | None = None) -> dict[str, str | None]:
+    """{date, commit, cpu} of a report: `date` is `at_s` (epoch s; None: now) as
+    "YYYY-MM-DD HH:MM UTC", `commit` `source_commit()`, `cpu` `cpu_model()`."""
+    from datetime import UTC, datetime
+
+    when = datetime.now(UTC) if at_s is None else datetime.fromtimestamp(at_s, UTC)
+    return {
+        "date": when.strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": source_commit(),
+        "cpu": cpu_model(),
+    }
+
+
 def machine_description() -> str:
     """CPU model and count, memory, kernel, Python: enough to compare figures across hosts."""
     model = cpu_model()

@@ -91,14 +91,10 @@ def report_json(
     """Exactly {date, commit, cpu, profile, store, machine, command, runs: [...],
     highest_keeping_up_rate} with the documented run keys; `store` as
     `store_description` gives it, `date` is when the report was written (UTC)."""
-    from datetime import UTC, datetime
-
-    from deltabus_bench.environment import cpu_model, source_commit
+    from deltabus_bench.environment import provenance
 
     report = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": source_commit(),
-        "cpu": cpu_model(),
+        **provenance(),
         "profile": profile,
         "store": store_description(store),
         "machine": machine,

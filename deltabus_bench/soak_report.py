@@ -301,9 +301,7 @@ def build_soak_report(
     `run_errors` what the driving loop recorded; lost, repeated, unexpected or mistimed
     messages are errors of their own when `final`.
     """
-    from datetime import UTC, datetime
-
-    from deltabus_bench.environment import cpu_model, source_commit
+    from deltabus_bench.environment import provenance
     from deltabus_bench.report import store_description
     from deltabus_bench.soak_windows import latency_figures
 
@@ -322,9 +320,7 @@ def build_soak_report(
     report: dict[str, Any] = {
         "mode": "soak in windows",
         "complete": final,
-        "date": datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": source_commit(),
-        "cpu": cpu_model(),
+        **provenance(start_ms / 1000),
         "rate": cfg.rates[0],
         "profile": cfg.profile,
         "store": store_description(cfg.store),
