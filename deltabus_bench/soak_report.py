@@ -51,7 +51,7 @@ NO_PER_MESSAGE = (
 
 def maintenance_in_window(events: list[dict], start_ms: float, end_ms: float) -> dict:
     """The maintenance passes that started in [start_ms, end_ms): count, seconds, files,
-    and the largest peak resident memory of one (None: no pass reported one)."""
+    and the largest peak resident memory of a pass that ended well (None: no such pass)."""
     passes = [e for e in events if e.get("event") == "pass" and start_ms <= e["start_ms"] < end_ms]
     errors = [e for e in events if e.get("event") == "error" and start_ms <= e["start_ms"] < end_ms]
     peaks = [e["peak_rss_mb"] for e in passes if e.get("peak_rss_mb") is not None]
@@ -66,16 +66,20 @@ def maintenance_in_window(events: list[dict], start_ms: float, end_ms: float) ->
 
 
 def set_maintenance_memory(window: dict) -> None:
-    """Maintenance's memory in `window` is its passes' peak: each pass is a process of its
-    own, and the scheduler between them holds nothing of the lake."""
+    """Maintenance's memory in `window` (`rss_mb`, `rss_peak_mb`) becomes its passes' peak,
+    or none without a pass that reported one (a failed pass does not): each pass is a
+    process of its own, and the scheduler between them holds nothing of the lake. New
+    dicts: the monitor's own are left as sampled."""
     if MAINTENANCE not in window["rss_mb"]:
         return
     peak = window["maintenance"]["peak_rss_mb"]
-    if peak is None:
-        del window["rss_mb"][MAINTENANCE]
-    else:
-        window["rss_mb"][MAINTENANCE] = peak
-        window.get("rss_peak_mb", {})[MAINTENANCE] = peak
+    for key in ("rss_mb", "rss_peak_mb"):
+        if key not in window:
+            continue
+        values = {n: v for n, v in window[key].items() if n != MAINTENANCE}
+        if peak is not None:
+            values[MAINTENANCE] = peak
+        window[key] = values
 
 
 def in_force_after_s(
@@ -156,6 +160,9 @@ def _rss_goal(windows: list[dict], not_judged: frozenset[str]) -> dict[str, Any]
     base = baseline(windows)
     skipped = sorted(n for n in base["rss_mb"] if n in not_judged)
     note = f"; not judged: {', '.join(skipped)} (the store profile's proxies)" if skipped else ""
+    absent = sorted({n for w in windows for n in w["rss_mb"]} - set(base["rss_mb"]) - not_judged)
+    if absent:  # maintenance, when no pass ended in the baseline window
+        note += f"; not judged: {', '.join(absent)} (no figure in the baseline window)"
     goal["not_judged"] = skipped
     growth = _growth(
         windows, base, lambda w: {n: v for n, v in w["rss_mb"].items() if n not in not_judged}

@@ -198,6 +198,13 @@ def test_goals_are_evaluated_against_their_targets() -> None:
     assert rss["met"] is True and rss["not_judged"] == ["toxiproxy"]
     assert "not judged: toxiproxy" in rss["figure"]
 
+    # Maintenance without a pass in the baseline window is named, not silently skipped.
+    rss_of = [{"etl": 500}, {"etl": 500}, {"etl": 500, "maintenance": 900}]
+    gap = [_window(k, 0.4, rss_of[k - 1], None) for k in (1, 2, 3)]
+    rss = evaluate_goals(gap, interval_s=600, vacuum_hours=24, log_retention_s=None)[1]
+    assert rss["met"] is True
+    assert "not judged: maintenance (no figure in the baseline window)" in rss["figure"]
+
     short = steady[:2]
     goals = evaluate_goals(short, interval_s=30, vacuum_hours=24, log_retention_s=600)
     assert goals[3]["met"] is None and "not evaluated" in goals[3]["figure"]
@@ -209,20 +216,23 @@ def _pass(start_ms: float, peak: float | None) -> dict:
     return window | {"tables": [table], "peak_rss_mb": peak}
 
 
-def testset_maintenance_memory_in_a_window_is_the_peak_of_its_passes() -> None:
+def test_maintenance_memory_in_a_window_is_the_peak_of_its_passes() -> None:
     events = [_pass(1_000, 300.0), _pass(5_000, 320.5), _pass(20_000, 900.0)]
     done = maintenance_in_window(events, 0, 10_000)
     assert done["passes"] == 2 and done["peak_rss_mb"] == 320.5 and done["seconds"] == 4
     assert done["files_compacted"] == 6 and done["files_vacuumed"] == 10
-    window = {"rss_mb": {"etl": 400.0, "maintenance": 40.0}, "maintenance": done}
+    sampled = {"etl": 400.0, "maintenance": 40.0}
+    window = {"rss_mb": sampled, "maintenance": done}
     window["rss_peak_mb"] = {"etl": 410.0, "maintenance": 41.0}
     set_maintenance_memory(window)
     assert window["rss_mb"] == {"etl": 400.0, "maintenance": 320.5}
-    assert window["rss_peak_mb"]["maintenance"] == 320.5
-    idle = {"rss_mb": {"etl": 400.0, "maintenance": 40.0}}
+    assert window["rss_peak_mb"] == {"etl": 410.0, "maintenance": 320.5}
+    assert sampled == {"etl": 400.0, "maintenance": 40.0}  # the monitor's record is kept
+    idle = {"rss_mb": sampled, "rss_peak_mb": {"etl": 410.0, "maintenance": 41.0}}
     idle["maintenance"] = maintenance_in_window(events, 30_000, 40_000)
     set_maintenance_memory(idle)  # no pass: the scheduler alone is not the maintenance
     assert idle["maintenance"]["passes"] == 0 and idle["rss_mb"] == {"etl": 400.0}
+    assert idle["rss_peak_mb"] == {"etl": 410.0}
 
 
 def test_a_pass_that_dies_is_an_error_with_its_memory() -> None:

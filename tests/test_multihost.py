@@ -111,7 +111,7 @@ TAKEOVER_SLACK_S = 7.0  # 2 s, and the storage retry's longest pause (5 s) after
 # (MinIO's cmd/lock-rest-server.go): a key the cut host was writing at the cut is
 # unreadable for up to 120 s, whatever the rest of the store does.
 MINIO_STALE_LOCK_S = 120.0
-UNREADABLE = re.compile(r"storage unavailable during read (\S+)")  # deltabus.core.retry
+UNREADABLE = re.compile(r"storage unavailable during read ([^\s']+)")  # deltabus.core.retry
 CUT_HOLD_S = 22.0  # a link stays down this long (at least until the takeover)
 # MinIO's timeout of one call to a drive, local or remote (default 30 s): a node whose
 # link is down costs each call that still waits for it at most this long.
@@ -495,12 +495,15 @@ class Cut:
         )
 
 
-def held_key(survivor: Proc, store_back_at: float) -> str | None:
-    """The first key whose read the survivor reported failing a whole request timeout after
-    `store_back_at`, when the probe's calls had stopped failing or being slow: a read that
-    began once the store was back, so a key held on its own."""
-    for _, line in survivor.said(UNREADABLE.pattern, store_back_at + REQUEST_TIMEOUT_S):
-        return UNREADABLE.search(line).group(1)  # type: ignore[union-attr]
+def held_key(survivor: Proc, store_back_at: float, took_at: float) -> str | None:
+    """The first key (or table) whose read the survivor reported failing between a whole
+    request timeout after `store_back_at`, when the probe's calls had stopped failing or
+    being slow, and its takeover at `took_at`: most likely a read that began once the
+    store was back, so a key held on its own. One reported attempt may span more than one
+    request, and the probe sees only its own keys: this is evidence, not proof."""
+    for t, line in survivor.said(UNREADABLE.pattern, store_back_at + REQUEST_TIMEOUT_S):
+        if t <= took_at:
+            return UNREADABLE.search(line).group(1)  # type: ignore[union-attr]
     return None
 
 
@@ -863,7 +866,9 @@ class Workload:
         cut.store_impaired_s = probe.impaired_for(cut.cut_at, cut.restored_at)
         cut.store_slowest_s = probe.slowest(cut.cut_at, cut.restored_at)
         cut.store_failures = sum(cut.cut_at <= t <= cut.restored_at for t, _ in probe.errors)
-        cut.held_key = held_key(survivor, cut.cut_at + cut.store_impaired_s)
+        cut.held_key = held_key(
+            survivor, cut.cut_at + cut.store_impaired_s, cut.cut_at + cut.takeover_s
+        )
 
 
 def descendants(proc: Proc) -> set[int]:

@@ -230,8 +230,9 @@ class DeltaDriver:
         return ChildProcess(name, command, self.env, self.context.work).start()
 
     def _maintenance(self, first_at: float | None = None) -> ChildProcess:
-        """The maintenance loop (bench.maintenance_loop) as its own process, each pass a
-        child of it: every `--maintenance-interval` s, from `first_at` (epoch s) when given."""
+        """The maintenance loop (deltabus_bench.delta.maintenance_loop) as its own process,
+        each pass a child of it: every `--maintenance-interval` s, from `first_at` (epoch s)
+        when given."""
         cfg = self.cfg
         args = [
             sys.executable,

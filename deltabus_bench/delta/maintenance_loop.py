@@ -22,6 +22,7 @@ passes grew by about 40 MB a pass against MinIO (docs/adr/0054).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -91,22 +92,29 @@ def one_pass(retention_hours: float, retention_s: int | None) -> dict:
 
 def run_pass(pass_args: list[str]) -> dict:
     """One pass as a child process (`--once`): its event, with `peak_rss_mb`; an `error`
-    event if it printed none (it died)."""
+    event if it printed no JSON line (it died). On Linux the child gets SIGTERM if this
+    process dies first, so a loop killed mid-pass leaves no pass behind."""
     started = time.time()
     command = [sys.executable, "-m", "deltabus_bench.delta.maintenance_loop", *pass_args]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE)
-    assert child.stdout is not None
-    out = child.stdout.read().decode(errors="replace")
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, for its usage
+    preexec = _terminate_with_parent if sys.platform == "linux" else None
+    with subprocess.Popen(command, stdout=subprocess.PIPE, preexec_fn=preexec) as child:
+        assert child.stdout is not None
+        out = child.stdout.read().decode(errors="replace")
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, for its usage
     lines = out.strip().splitlines()
-    if lines:
+    try:
         event = json.loads(lines[-1])
-    else:
-        reason = f"the pass exited {child.returncode} without a result"
+    except (IndexError, ValueError):
+        reason = f"the pass exited {child.returncode} without a result: {out[-300:]!r}"
         event = {"event": "error", "start_ms": started * 1000, "error": reason}
     event["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux counts KiB
     return event
+
+
+def _terminate_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
 
 def _until_next(first_at: float | None, interval: float) -> float:
