@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +40,20 @@ class Report:
         return date.split()[0] if isinstance(date, str) else None
 
 
+def natural_key(path: Path) -> list[list[int | str]]:
+    """Sorts paths folder by folder, numbers in names by their value: idle, idle-5m,
+    idle-30m."""
+    return [
+        [int(bit) if bit.isdigit() else bit for bit in re.split(r"(\d+)", part)]
+        for part in path.parts
+    ]
+
+
 def find_reports(folders: list[Path]) -> list[Report]:
-    """Every report.json under `folders`, in name order."""
+    """Every report.json under `folders`, in name order (numbers by value)."""
     found = []
     for folder in folders:
-        for path in sorted(folder.rglob("report.json")):
+        for path in sorted(folder.rglob("report.json"), key=natural_key):
             name = str(path.parent.relative_to(folder)) if path.parent != folder else folder.name
             found.append(Report(name, path, json.loads(path.read_text())))
     if not found:

@@ -54,6 +54,13 @@ def test_reports_of_one_run_make_one_page(tmp_path: Path) -> None:
     assert f"{row} 10,000 (the highest tried) |" in page
 
 
+def test_reports_are_in_name_order_with_numbers_by_value(tmp_path: Path) -> None:
+    for name in ("idle-30m", "idle", "sweep-1000ms", "idle-5m", "sweep-100ms"):
+        report(tmp_path / "out" / name)
+    names = [r.name for r in find_reports([tmp_path / "out"])]
+    assert names == ["idle", "idle-5m", "idle-30m", "sweep-100ms", "sweep-1000ms"]
+
+
 def test_serving_stages_and_idle_cost_have_their_lines(tmp_path: Path) -> None:
     serving = {
         "backend": "opensearch",
