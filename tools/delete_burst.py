@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,21 +21,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import obstore
-
 from deltabus.core.processes import child_env
 from deltabus.delta.lake import Lake
 from deltabus.delta.vacuum import delete_paced
-from tools.scratch_minio import scratch_lake
+from tools.scratch_minio import put_objects, scratch_lake
 
 DURATION_S = 160
 BURST_AT_S, PACED_AT_S = 60, 110
-
-
-def _put(lake: Lake, keys: list[str]) -> None:
-    body = os.urandom(16384)
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda key: obstore.put(lake.object_store, key, body), keys))
 
 
 def _burst(lake: Lake, keys: list[str]) -> None:
@@ -94,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     with scratch_lake("delete-burst", "lake") as (lake, work):
         sets = {k: [f"junk/{k}/o-{i:06d}" for i in range(args.objects)] for k in ("b", "p")}
-        _put(lake, sets["b"] + sets["p"])
+        put_objects(lake, sets["b"] + sets["p"], 16384)
         time.sleep(5)
         out = work / "bench"
         t0 = time.time()

@@ -17,14 +17,12 @@ import argparse
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-import obstore
 import psutil
 
 from deltabus.delta.lake import Lake
-from deltabus_bench.environment import cpu_model
-from tools.scratch_minio import scratch_lake
+from deltabus_bench.environment import cpu_model, process_cpu_s
+from tools.scratch_minio import put_objects, scratch_lake
 
 SLICE_S = 30.0
 
@@ -36,32 +34,28 @@ def _minio() -> psutil.Process:
     raise SystemExit("no MinIO child process found")
 
 
-def _cpu_slices(proc: psutil.Process, seconds: float) -> list[float]:
+def _cpu_slices(pid: int, seconds: float) -> list[float]:
     """Percent of one core per `SLICE_S` slice over `seconds`."""
     slices = []
     for _ in range(max(1, round(seconds / SLICE_S))):
-        t = proc.cpu_times()
-        before, start = t.user + t.system, time.monotonic()
+        before, start = process_cpu_s(pid) or 0.0, time.monotonic()
         time.sleep(SLICE_S)
-        t = proc.cpu_times()
-        slices.append(round(100 * (t.user + t.system - before) / (time.monotonic() - start), 1))
+        used = (process_cpu_s(pid) or 0.0) - before
+        slices.append(round(100 * used / (time.monotonic() - start), 1))
     return slices
 
 
 def _load(lake: Lake, objects: int) -> float:
     """Write `objects` objects of 4 KiB; the seconds it took."""
-    body = os.urandom(4096)
-    keys = [f"t{i % 3}/part-{i:07d}.parquet" for i in range(objects)]
     start = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda key: obstore.put(lake.object_store, key, body), keys))
+    put_objects(lake, [f"t{i % 3}/part-{i:07d}.parquet" for i in range(objects)], 4096)
     return time.monotonic() - start
 
 
 def measure(speed: str, objects: int, seconds: float) -> dict:
     os.environ["MINIO_SCANNER_SPEED"] = speed
     with scratch_lake("scanner-cost", "scan") as (lake, _):
-        minio = _minio()
+        minio = _minio().pid
         empty = _cpu_slices(minio, SLICE_S)
         load_s = _load(lake, objects)
         after = _cpu_slices(minio, seconds)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+
+import obstore
 
 from deltabus.adapters.dev.minio_process import MinioServer, find_minio
 from deltabus.core.settings import Settings
@@ -43,3 +47,10 @@ def scratch_lake(name: str, prefix: str) -> Iterator[tuple[Lake, Path]]:
         yield lake, work
     finally:
         server.stop()
+
+
+def put_objects(lake: Lake, keys: list[str], size: int) -> None:
+    """Write one random body of `size` bytes under each of `keys`, 16 requests at a time."""
+    body = os.urandom(size)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: obstore.put(lake.object_store, key, body), keys))
