@@ -219,6 +219,16 @@ SERVER_FIXTURES = frozenset(
 )
 
 
+def kafka_ready() -> bool:
+    """True when Java and Kafka's cached jars are here (`platform/kafka.sh fetch`)."""
+    from deltabus_bench.kafka.broker import kafka_script
+
+    if shutil.which("java") is None:
+        return False
+    libs = subprocess.run(["bash", str(kafka_script()), "libs"], capture_output=True, text=True)
+    return libs.returncode == 0
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")

@@ -32,9 +32,8 @@ from deltabus_bench.config import (
     parse_profile,
     parse_rates,
 )
-from deltabus_bench.kafka.broker import kafka_script
 from deltabus_bench.report import RUN_KEYS
-from tests.conftest import IN_CI, lake_env, minio_settings_for, run_cli
+from tests.conftest import IN_CI, kafka_ready, lake_env, minio_settings_for, run_cli
 
 pytestmark = [pytest.mark.integration]
 
@@ -203,13 +202,6 @@ def test_bench_smoke_notify(minio: MinioServer, tmp_path: Path) -> None:
     (window,) = idle["by_minute"]
     assert {"minio", "etl", "notify relay"} <= window.keys(), window
     assert window["all"] == round(sum(v for k, v in window.items() if k != "all"), 1)
-
-
-def kafka_ready() -> bool:
-    if shutil.which("java") is None:
-        return False
-    libs = subprocess.run(["bash", str(kafka_script()), "libs"], capture_output=True, text=True)
-    return libs.returncode == 0
 
 
 def test_bench_smoke_partitioned(minio: MinioServer, tmp_path: Path) -> None:

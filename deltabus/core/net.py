@@ -26,20 +26,22 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def restartable_port() -> int:
-    """A free loopback port outside the ephemeral range, for a server that is stopped
-    and started again on it.
+def restartable_port(span: int = 1) -> int:
+    """A loopback port P, with P .. P+span-1 all free, outside the ephemeral range, for a
+    server that binds them later or is stopped and started again on them.
 
-    A client retrying a stopped server on a port of that range can be given the same port
-    as its own source and connect to itself, holding the port so the server cannot bind
-    it again."""
+    The kernel hands ports of that range to outgoing connections as their source: a
+    port of it that is free when asked can be taken before the server binds it, or a
+    client retrying a stopped server can connect to itself on it."""
     low, _ = ephemeral_range()
-    candidates = list(range(10_000, max(10_001, low)))
+    candidates = list(range(10_000, max(10_001, low - span + 1)))
     random.shuffle(candidates)
     for port in candidates[:500]:
-        if not port_taken(port):
+        if not any(port_taken(port + i) for i in range(span)):
             return port
-    return free_port()
+    if span == 1:
+        return free_port()
+    raise OSError(f"no {span} consecutive free loopback ports below {low}")
 
 
 def free_ports(count: int) -> list[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from deltabus.core.errors import DeltabusError
+from deltabus.core.net import port_taken, restartable_port
 from deltabus.core.paths import platform_script
 
 log = logging.getLogger(__name__)
@@ -30,27 +31,17 @@ def kafka_script() -> Path:
     return platform_script("kafka.sh")
 
 
-def free_port_pair() -> int:
-    """A port P with P+1 free too (kafka.sh puts the controller on P+1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65534:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise DeltabusError("no free pair of loopback ports for Kafka")
+START_ATTEMPTS = 3
 
 
 class KafkaBroker:
+    """A single-node KRaft broker on 127.0.0.1: the client port and, one above it, the
+    controller's."""
+
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
         self.dir = Path(data_dir)
-        self.port = port or free_port_pair()
+        self.chose_port = port is None
+        self.port = port or restartable_port(span=2)
         self.script = kafka_script()
 
     @property
@@ -65,9 +56,38 @@ class KafkaBroker:
             return None
 
     def start(self) -> KafkaBroker:
+        """Start the broker and wait until it accepts connections.
+
+        When the ports were chosen here and another process took one of them before
+        the broker bound it, start again on a fresh pair (up to START_ATTEMPTS times)."""
         if not self.script.is_file():
             raise DeltabusError(f"{self.script} not found", "set DELTABUS_KAFKA_SH")
         self.dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            proc = self._run_start()
+            if proc.returncode == 0:
+                log.info("%s", proc.stdout.strip())
+                return self
+            if not (self.chose_port and attempt < START_ATTEMPTS and self._lost_a_port()):
+                break
+            log.warning(
+                "Kafka's port %d or %d was taken before the broker bound it; "
+                "starting again on a fresh pair",
+                self.port,
+                self.port + 1,
+            )
+            # The failed start formatted its log dir for the old controller address.
+            shutil.rmtree(self.dir / "data", ignore_errors=True)
+            self.port = restartable_port(span=2)
+        if self._lost_a_port():
+            hint = f"ports {self.port} and {self.port + 1} must both be free: stop what holds them"
+        else:
+            hint = "needs Java 17 and the cached jars: run `bash platform/kafka.sh fetch` once"
+        raise DeltabusError(
+            f"Kafka did not start: {(proc.stderr or proc.stdout).strip()[-600:]}", hint
+        )
+
+    def _run_start(self) -> subprocess.CompletedProcess[str]:
         cmd = [
             "bash",
             str(self.script),
@@ -79,14 +99,11 @@ class KafkaBroker:
             "--set",
             "log.message.timestamp.type=LogAppendTime",
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        if proc.returncode != 0:
-            raise DeltabusError(
-                f"Kafka did not start: {(proc.stderr or proc.stdout).strip()[-600:]}",
-                "needs Java 17 and the cached jars: run `bash platform/kafka.sh fetch` once",
-            )
-        log.info("%s", proc.stdout.strip())
-        return self
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+    def _lost_a_port(self) -> bool:
+        """True when no broker of ours runs and something else holds one of its ports."""
+        return self.pid is None and (port_taken(self.port) or port_taken(self.port + 1))
 
     def stop(self) -> None:
         subprocess.run(
