@@ -33,7 +33,14 @@ from deltabus_bench.config import (
     parse_rates,
 )
 from deltabus_bench.report import RUN_KEYS
-from tests.conftest import IN_CI, kafka_ready, lake_env, minio_settings_for, run_cli
+from tests.conftest import (
+    IN_CI,
+    kafka_ready,
+    lake_env,
+    minio_settings_for,
+    require_kafka,
+    run_cli,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -262,11 +269,7 @@ def test_backlog_drain_takes_one_of_two_etl_processes_down(
 
 def test_bench_smoke_kafka(minio: MinioServer, tmp_path: Path) -> None:
     """The same workload over a real Kafka broker and Pathway's Kafka connectors."""
-    if not kafka_ready():
-        why = "Kafka needs Java 17 and `platform/kafka.sh fetch` (make test runs it)"
-        if IN_CI:
-            pytest.fail(f"the Kafka benchmark test must run here: {why}")
-        pytest.skip(why)
+    require_kafka()
     lake = Lake(minio_settings_for(minio, f"bench-{uuid.uuid4().hex[:8]}"))
     out = tmp_path / "out"
     args = ["bench", "--rates", "2000", "--duration", "4", "--warmup", "1", "--backbone"]

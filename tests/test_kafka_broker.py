@@ -13,15 +13,7 @@ import pytest
 from deltabus.core.errors import DeltabusError
 from deltabus.core.net import ephemeral_range, port_taken, restartable_port
 from deltabus_bench.kafka.broker import KafkaBroker
-from tests.conftest import IN_CI, kafka_ready
-
-
-def require_kafka() -> None:
-    if not kafka_ready():
-        why = "Kafka needs Java 17 and `platform/kafka.sh fetch` (make test runs it)"
-        if IN_CI:
-            pytest.fail(f"the Kafka broker test must run here: {why}")
-        pytest.skip(why)
+from tests.conftest import require_kafka
 
 
 @contextmanager
