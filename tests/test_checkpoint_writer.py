@@ -24,9 +24,14 @@ from deltabus.apps.timezones.duck import lake_connection
 from deltabus.core.settings import Settings
 from deltabus.delta.append import TableAppender
 from deltabus.delta.checkpoint_state import TableState, Unsupported, parse_interval_ms
-from deltabus.delta.checkpoint_writer import CheckpointWriter, cleanup_expired_logs
+from deltabus.delta.checkpoint_writer import (
+    CheckpointWriter,
+    cleanup_expired_logs,
+    create_checkpoint_once,
+)
 from deltabus.delta.checkpoints import BackgroundCheckpointer
 from deltabus.delta.lake import Lake
+from deltabus.delta.maintenance import maintain_table
 from deltabus.delta.snapshots import DeltaLog, parse_actions, snapshot_at
 from deltabus.delta.table_files import TableFiles, concat
 from deltabus.delta.tables import ensure_table, metadata
@@ -262,6 +267,45 @@ def test_a_gap_reseeds_the_state(lake: Lake, tmp_path: Path) -> None:
     assert fresh.version() == version and unseen < version
     assert fresh.to_pyarrow_table().num_rows == 125
     assert fresh.transaction_version("w") == 11
+
+
+def test_a_checkpoint_once_written_is_never_replaced(lake: Lake) -> None:
+    """Two writers checkpoint one version: the stream's from memory and a maintenance
+    pass's through delta-rs. Whichever comes second keeps the first's file, byte for byte
+    (a reader that listed it fails on a replaced file's footer)."""
+    dt = ensure_table(lake, "twice", UNIFIED_SCHEMA)
+    appender = TableAppender(lake, "twice", dt)
+    writer = CheckpointWriter(lake, "twice")
+    for seq in range(4):
+        append(appender, seq, rows(seq * 10, 10), None)
+    first = appender.version()
+    name = f"{first:020d}.checkpoint.parquet"
+
+    # delta-rs first (a maintenance pass), then the stream's writer: the writer keeps it.
+    maintained = maintain_table(lake, "twice", retention_hours=168, compaction=False)
+    assert maintained.checkpoint_version == first
+    by_delta_rs = read_log_file(lake, "twice", name)
+    written = writer.write(first)
+    assert written.kept and written.size == 0
+    assert read_log_file(lake, "twice", name) == by_delta_rs
+
+    # The stream's writer first, then a maintenance pass: the pass keeps it.
+    for seq in range(4, 6):
+        append(appender, seq, rows(seq * 10, 10), None)
+    second = appender.version()
+    loaded_before = lake.open("twice")  # as a pass that loaded the table just before
+    written = writer.write(second)
+    assert not written.kept and written.size > 0
+    name = f"{second:020d}.checkpoint.parquet"
+    from_memory = read_log_file(lake, "twice", name)
+    assert not create_checkpoint_once(lake, "twice", loaded_before)
+    assert read_log_file(lake, "twice", name) == from_memory
+    assert (
+        maintain_table(lake, "twice", retention_hours=168, compaction=False).checkpoint_version
+        == second
+    )
+    assert read_log_file(lake, "twice", name) == from_memory
+    assert lake.open("twice").to_pyarrow_table().num_rows == 60
 
 
 def test_a_version_without_actions_goes_to_delta_rs(lake: Lake) -> None:

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 
 import deltabus
 from deltabus.delta.lake import Lake
-from tests.bus_worker import ID_BASE, ORDERS_SCHEMA
+from tests.bus_worker import ID_BASE, ORDERS_SCHEMA, order
 from tests.conftest import lake_env, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,6 +183,9 @@ def group_content(files: list[Path]) -> Counter:
     return +net
 
 
+LATE = 260  # orders written after a member's kill: 20 per customer
+
+
 def test_orders_exactly_once_across_sigkills_in_two_groups(
     minio_lake: Lake, tmp_path: Path
 ) -> None:
@@ -191,6 +194,7 @@ def test_orders_exactly_once_across_sigkills_in_two_groups(
     orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
     count = 3000
     expected = {p * ID_BASE + o for p in (1, 2) for o in range(count)}
+    expected |= {3 * ID_BASE + o for o in range(LATE)}
 
     files = [tmp_path / "a1.jsonl", tmp_path / "a2.jsonl"]
     members = [Worker(lake, "consume", "group-a", str(f)) for f in files]
@@ -214,6 +218,10 @@ def test_orders_exactly_once_across_sigkills_in_two_groups(
         killed_at = time.time()
         for producer in producers.values():
             producer.wait_for(lambda line: "done" in line, timeout=120)
+        # Orders after the kill, on every customer, so the dead member's partitions have
+        # something left to read however far it got before it died.
+        with bus.producer("orders", "producer-3", commit_interval_ms=0) as late:
+            late.send_batch(pa.Table.from_pylist([order(3, o) for o in range(LATE)]))
 
         # Every order is in the stream once.
         stored = Counter()
@@ -278,8 +286,6 @@ def test_a_flush_cut_short_between_partitions_is_resent_once(lake: Lake) -> None
     """What a SIGKILL between a flush's partition commits leaves: some partitions hold the
     flush, others not. A producer opened again under the same id resumes where that flush
     started, and of the records sent again each partition keeps only those it lacks."""
-    from tests.bus_worker import order
-
     bus = bus_of(lake)
     orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
     first = bus.producer("orders", "cut", commit_interval_ms=0)
@@ -573,8 +579,6 @@ def test_the_time_zone_inputs_are_streams_a_consumer_group_reads(minio_lake: Lak
 def test_a_producer_with_its_own_partitions_metadata_and_marks(lake: Lake) -> None:
     """What the time-zone producer builds on: rows with the writer's own partitions,
     commit metadata, marks read back after a restart, and a flush to every partition."""
-    from tests.bus_worker import order
-
     bus = bus_of(lake)
     orders = bus.create_stream("orders", ORDERS_SCHEMA, partitions=4, key="customer")
     rows = pa.Table.from_pylist([order(5, o) for o in range(10)])

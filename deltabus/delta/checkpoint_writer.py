@@ -25,10 +25,11 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import obstore
 import pyarrow as pa
+from obstore.exceptions import AlreadyExistsError, PreconditionError
 
 from deltabus.delta.checkpoint_state import (
     DEFAULT_LOG_RETENTION,
@@ -42,6 +43,9 @@ from deltabus.delta.checkpoint_state import (
 )
 from deltabus.delta.lake import Lake
 from deltabus.delta.parquet_io import parquet_buffer
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 __all__ = ["Actions", "CheckpointWriter", "Unsupported", "Written"]
 
@@ -228,6 +232,30 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return parquet_buffer(table).to_pybytes()
 
 
+def checkpoint_key(table: str, version: int) -> str:
+    """The key of `table`'s classic single-file checkpoint of `version`."""
+    return f"{table}/_delta_log/{version:020d}.checkpoint.parquet"
+
+
+def has_checkpoint(store: Any, table: str, version: int) -> bool:
+    """Whether `table` has a classic checkpoint of `version` in `store`."""
+    try:
+        obstore.head(store, checkpoint_key(table, version))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def create_checkpoint_once(lake: Lake, table: str, dt: DeltaTable) -> bool:
+    """Checkpoint `dt`'s version with delta-rs unless that version has a checkpoint;
+    True when one was written. delta-rs' PUT is unconditional, and a checkpoint replaced
+    by one with other bytes fails a reader that listed the first (HTTP 416 on its footer)."""
+    if has_checkpoint(lake.object_store, table, dt.version()):
+        return False
+    dt.create_checkpoint()
+    return True
+
+
 # -- log cleanup ---------------------------------------------------------------------------
 
 
@@ -285,6 +313,7 @@ class Written:
     size: int
     seeded: bool  # the state was (re)loaded from storage for it
     cleaned: int | None  # log files deleted, None when cleanup did not run
+    kept: bool = False  # the version had a checkpoint already: nothing was written
 
 
 class CheckpointWriter:
@@ -368,7 +397,13 @@ class CheckpointWriter:
         table, adds = checkpoint_table(state)
         body = parquet_bytes(table)
         log_dir = f"{self.table}/_delta_log"
-        obstore.put(self.store, f"{log_dir}/{version:020d}.checkpoint.parquet", body)
+        try:
+            obstore.put(self.store, checkpoint_key(self.table, version), body, mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            # Another writer checkpointed this version first (a maintenance pass). Its file
+            # stays: replacing it would break a reader between its listing and its reads.
+            log.debug("%s: version %d already has a checkpoint, kept", self.table, version)
+            return Written(version, table.num_rows, adds, 0, seeded, None, kept=True)
         last = {"version": version, "size": table.num_rows, "sizeInBytes": len(body)}
         last["numOfAddFiles"] = adds
         obstore.put(self.store, f"{log_dir}/_last_checkpoint", json.dumps(last).encode())

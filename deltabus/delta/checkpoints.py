@@ -28,7 +28,12 @@ import zlib
 
 from deltalake import DeltaTable, PostCommitHookProperties
 
-from deltabus.delta.checkpoint_writer import Actions, CheckpointWriter, Unsupported
+from deltabus.delta.checkpoint_writer import (
+    Actions,
+    CheckpointWriter,
+    Unsupported,
+    create_checkpoint_once,
+)
 from deltabus.delta.lake import Lake
 
 log = logging.getLogger(__name__)
@@ -113,7 +118,7 @@ class BackgroundCheckpointer:
                 self._dt = self.lake.open(self.table, version=target)
             else:  # reads only the commits since the last checkpoint: one GET each
                 self._dt.load_as_version(target)
-            self._dt.create_checkpoint()
+            create_checkpoint_once(self.lake, self.table, self._dt)
             self._dt.cleanup_metadata()
             # A writer on delta-rs' commit path swaps in a handle that starts from the
             # checkpoint just written (`refreshed`); one that appends on its own does not.
@@ -152,7 +157,8 @@ class BackgroundCheckpointer:
             )
             return False
         self.written.append(target)
-        self.from_memory.append(target)
+        if not written.kept:
+            self.from_memory.append(target)
         log.debug(
             "checkpointed %s at version %d from memory (%d actions, %d bytes%s%s)",
             self.table,

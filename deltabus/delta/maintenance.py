@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from deltabus.core.errors import ConfigError
 from deltabus.core.retry import retry_storage
+from deltabus.delta.checkpoint_writer import create_checkpoint_once
 from deltabus.delta.compaction import CompactionConflict, compact
 from deltabus.delta.lake import Lake
 from deltabus.delta.retention import (
@@ -112,7 +113,7 @@ def maintain_table(
     segment_ms = segment_for(retention)
     compacted, added = _compact(lake, table, dt, segment_ms) if compaction else (0, 0)
     retry_storage(dt.update_incremental, what=f"load {table}")
-    retry_storage(dt.create_checkpoint, what=f"checkpoint {table}")
+    retry_storage(lambda: create_checkpoint_once(lake, table, dt), what=f"checkpoint {table}")
     checkpoint = dt.version()
     # Log files older than the table's delta.logRetentionDuration and behind the
     # checkpoint; live writers and tails reload from the checkpoint when they need to.
