@@ -23,7 +23,7 @@ import pytest
 
 from deltabus.adapters.dev.cluster import PID_FILE
 from deltabus.adapters.dev.minio_process import MinioCluster, MinioServer, build_minio, find_minio
-from deltabus.core.net import port_taken
+from deltabus.core.net import restartable_port
 from deltabus.core.processes import LAKE_ENV_PREFIXES, process_alive
 from deltabus.delta.lake import Lake
 from tests.conftest import IN_CI, TEST_BUCKET, lake_env, minio_settings_for, run_cli
@@ -185,19 +185,9 @@ def test_node_killed_mid_stream_loses_and_duplicates_nothing(
     assert files_written_since(cluster, KILLED, lake.settings.prefix, since) > 0
 
 
-def _free_port_run(nodes: int) -> int:
-    """A first port with `nodes - 1` free ports after it on 127.0.0.1."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 40_000)
-        if not any(port_taken(base + i) for i in range(nodes)):
-            return base
-    raise AssertionError("no run of free ports found")
-
-
 def test_cli_minio_up_nodes_4_and_down(tmp_path: Path) -> None:
     minio_binary()
-    base = _free_port_run(4)
+    base = restartable_port(span=4)
     env_file = tmp_path / "dev.env"
     env_file.write_text(
         f"DELTABUS_MINIO_ENDPOINT=http://127.0.0.1:{base}\n"
@@ -249,7 +239,7 @@ def test_cli_minio_up_single_node_writes_credentials_and_down(tmp_path: Path) ->
     """`deltabus minio up` without --nodes: one server, credentials written to the env file
     once (never printed), the bucket created; a remote endpoint is refused."""
     minio_binary()
-    port = _free_port_run(1)
+    port = restartable_port()
     env_file, env, data_dir, up, down = dev_minio_cli(tmp_path, port, "dev-single")
     try:
         result = run_cli(up, env, tmp_path, timeout=180)

@@ -9,9 +9,10 @@ own commits, and other writers' commits, which it reads before it retries. It fe
 them to a `CheckpointWriter`, which keeps the table's reconciled state in memory
 (deltabus.delta.checkpoint_state) and, at a due version, writes a classic single-part V1
 checkpoint from it with pyarrow (the Delta protocol's "Checkpoint Schema", in the types
-delta-rs writes), then `_last_checkpoint`. The state is seeded from storage at the first
-checkpoint, and again whenever a version was not fed to it (a gap). A table it does not
-handle raises `Unsupported`, and delta-rs writes that checkpoint (deltabus.delta.checkpoints).
+delta-rs writes), then `_last_checkpoint`; a version that has a checkpoint keeps it (the
+PUT is conditional). The state is seeded from storage at the first checkpoint, and again
+whenever a version was not fed to it (a gap). A table it does not handle raises
+`Unsupported`, and delta-rs writes that checkpoint (deltabus.delta.checkpoints).
 
 Expired log files are deleted by the rule of delta-rs' `cleanup_metadata`, mirrored in
 `cleanup_expired_logs`, at the first checkpoint and then at most every `CLEANUP_EVERY_S`.
